@@ -1,0 +1,396 @@
+"""Small shared utilities: environment knobs, iteration helpers, counters, caching paths."""
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import operator
+import os
+import platform
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, TypeVar, Union
+
+T = TypeVar("T")
+U = TypeVar("U")
+
+OSX = platform.system() == "Darwin"
+CI = os.getenv("CI", "") != ""
+
+
+def prod(x: Iterable[T]) -> Union[T, int]:
+  """Product of an iterable; 1 for an empty one. Works on ints and symbolic nodes alike."""
+  return functools.reduce(operator.mul, x, 1)
+
+
+def dedup(x: Iterable[T]) -> List[T]:
+  """Remove duplicates while keeping first-seen order."""
+  return list(dict.fromkeys(x))
+
+
+def argfix(*x: Any) -> Tuple[Any, ...]:
+  """Accept both f(1, 2) and f((1, 2)) call styles."""
+  if x and x[0].__class__ in (tuple, list):
+    if len(x) != 1:
+      raise ValueError(f"bad arg {x}: pass either one sequence or several values")
+    return tuple(x[0])
+  return x
+
+
+def argsort(x: Sequence[Any]) -> List[int]:
+  """Indices that sort x ascending."""
+  return sorted(range(len(x)), key=x.__getitem__)
+
+
+def all_same(items: Sequence[Any]) -> bool:
+  """True when every element equals the first (vacuously true when empty)."""
+  return all(x == items[0] for x in items)
+
+
+def all_int(t: Sequence[Any]) -> bool:
+  """True when every element is a plain int (not a symbolic node)."""
+  return all(isinstance(s, int) for s in t)
+
+
+def colored(st: str, color: Optional[str], background: bool = False) -> str:
+  """Wrap st in an ANSI color escape (no-op when color is None)."""
+  if color is None:
+    return st
+  colors = ["black", "red", "green", "yellow", "blue", "magenta", "cyan", "white"]
+  code = 10 * background + 60 * (color.upper() == color) + 30 + colors.index(color.lower())
+  return f"\u001b[{code}m{st}\u001b[0m"
+
+
+def colorize_float(x: float) -> str:
+  """Color a speed ratio: green when fast, red when slow."""
+  return colored(f"{x:7.2f}x", "green" if x < 0.75 else "red" if x > 1.15 else "yellow")
+
+
+def ansistrip(s: str) -> str:
+  """Remove ANSI escapes."""
+  import re
+  return re.sub(r"\x1b\[(K|.*?m)", "", s)
+
+
+def ansilen(s: str) -> int:
+  """Printed length of s, ignoring ANSI escapes."""
+  return len(ansistrip(s))
+
+
+def make_pair(x: Union[int, Tuple[int, ...]], cnt: int = 2) -> Tuple[int, ...]:
+  """Turn an int into a cnt-tuple; pass tuples through."""
+  return (x,) * cnt if isinstance(x, int) else x
+
+
+def flatten(items: Iterable[Iterable[T]]) -> List[T]:
+  """Flatten one level of nesting."""
+  return [item for sublist in items for item in sublist]
+
+
+def fully_flatten(items: Any) -> List[Any]:
+  """Flatten arbitrarily nested lists/tuples."""
+  if hasattr(items, "__len__") and hasattr(items, "__getitem__") and not isinstance(items, (str, bytes)):
+    return [x for it in items for x in fully_flatten(it)]
+  return [items]
+
+
+def fromimport(mod: str, frm: str) -> Any:
+  """from mod import frm, at run time."""
+  return getattr(__import__(mod, fromlist=[frm]), frm)
+
+
+def strip_parens(fst: str) -> str:
+  """Drop one pair of outer parentheses when they enclose the whole string."""
+  if fst[:1] != "(" or fst[-1:] != ")":
+    return fst
+  depth = 0
+  for i, c in enumerate(fst):
+    depth += (c == "(") - (c == ")")
+    if depth == 0 and i != len(fst) - 1:
+      return fst
+  return fst[1:-1]
+
+
+def round_up(num: int, amt: int) -> int:
+  """Round num up to a multiple of amt."""
+  return (num + amt - 1) // amt * amt
+
+
+def merge_dicts(ds: Iterable[Dict[T, U]]) -> Dict[T, U]:
+  """Merge dicts, raising if two of them disagree on a key."""
+  kvs = set((k, v) for d in ds for k, v in d.items())
+  keys = set(k for k, _ in kvs)
+  if len(kvs) != len(keys):
+    raise ValueError(f"cannot merge, {kvs} contains different values for the same key")
+  return {k: v for d in ds for k, v in d.items()}
+
+
+def partition(lst: Iterable[T], fxn: Callable[[T], bool]) -> Tuple[List[T], List[T]]:
+  """Split lst into (items where fxn is true, the rest)."""
+  a: List[T] = []
+  b: List[T] = []
+  for s in lst:
+    (a if fxn(s) else b).append(s)
+  return a, b
+
+
+def unwrap(x: Optional[T]) -> T:
+  """Return x, asserting it is not None."""
+  assert x is not None
+  return x
+
+
+def get_child(obj: Any, key: str) -> Any:
+  """Follow a dotted path of attributes/indices ('layers.0.weight')."""
+  for k in key.split("."):
+    if k.isnumeric():
+      obj = obj[int(k)]
+    elif isinstance(obj, dict):
+      obj = obj[k]
+    else:
+      obj = getattr(obj, k)
+  return obj
+
+
+def get_shape(x: Any) -> Tuple[int, ...]:
+  """Shape of a nested list; raises ValueError when ragged."""
+  if not isinstance(x, (list, tuple)):
+    return ()
+  subs = [get_shape(xi) for xi in x]
+  if not all_same(subs):
+    raise ValueError(f"inhomogeneous shape from {x}")
+  return (len(subs),) + (subs[0] if subs else ())
+
+
+def getenv(key: str, default: Any = 0) -> Any:
+  """Read an environment variable, converted to the type of default."""
+  return type(default)(os.getenv(key, default))
+
+
+def temp(x: str) -> str:
+  """A path inside the system temp directory."""
+  return os.path.join(tempfile.gettempdir(), x)
+
+
+class ContextVar:
+  """A process-wide knob read once from the environment and overridable with Context."""
+
+  _cache: ClassVar[Dict[str, "ContextVar"]] = {}
+  value: Any
+  key: str
+
+  def __new__(cls, key: str, default_value: Any) -> "ContextVar":
+    if key in ContextVar._cache:
+      return ContextVar._cache[key]
+    instance = ContextVar._cache[key] = super().__new__(cls)
+    instance.value, instance.key = getenv(key, default_value), key
+    return instance
+
+  def __bool__(self) -> bool:
+    return bool(self.value)
+
+  def __ge__(self, x: Any) -> bool:
+    return self.value >= x
+
+  def __gt__(self, x: Any) -> bool:
+    return self.value > x
+
+  def __lt__(self, x: Any) -> bool:
+    return self.value < x
+
+  def __le__(self, x: Any) -> bool:
+    return self.value <= x
+
+  def __eq__(self, x: Any) -> bool:  # type: ignore[override]
+    return self.value == x
+
+  def __hash__(self) -> int:
+    return hash(self.key)
+
+  def __repr__(self) -> str:
+    return f"ContextVar({self.key}={self.value!r})"
+
+
+class Context(contextlib.ContextDecorator):
+  """Temporarily override ContextVars: `with Context(DEBUG=2): ...`."""
+
+  stack: ClassVar[List[Dict[str, Any]]] = [{}]
+
+  def __init__(self, **kwargs: Any) -> None:
+    self.kwargs = kwargs
+
+  def __enter__(self) -> None:
+    Context.stack[-1] = {k: o.value for k, o in ContextVar._cache.items()}
+    for k, v in self.kwargs.items():
+      ContextVar(k, v).value = v
+    Context.stack.append(self.kwargs)
+
+  def __exit__(self, *args: Any) -> None:
+    for k in Context.stack.pop():
+      ContextVar._cache[k].value = Context.stack[-1].get(k, ContextVar._cache[k].value)
+
+
+DEBUG, IMAGE, BEAM, NOOPT, JIT = ContextVar("DEBUG", 0), ContextVar("IMAGE", 0), ContextVar("BEAM", 0), ContextVar("NOOPT", 0), ContextVar("JIT", 1)
+WINO, THREEFRY, CAPTURING = ContextVar("WINO", 0), ContextVar("THREEFRY", 0), ContextVar("CAPTURING", 1)
+GRAPH, MULTIOUTPUT, TRANSCENDENTAL = ContextVar("GRAPH", 0), ContextVar("MULTIOUTPUT", 1), ContextVar("TRANSCENDENTAL", 1)
+USE_TC, TC_OPT, SPLIT_REDUCEOP = ContextVar("TC", 1), ContextVar("TC_OPT", 0), ContextVar("SPLIT_REDUCEOP", 1)
+THREADS = ContextVar("THREADS", 0)
+
+
+@dataclass(frozen=True)
+class Metadata:
+  """Where a kernel came from: the Tensor method name and whether it is part of a backward pass."""
+
+  name: str
+  caller: str = ""
+  backward: bool = False
+
+  def __hash__(self) -> int:
+    return hash(self.name)
+
+  def __repr__(self) -> str:
+    return str(self) + (f" - {self.caller}" if self.caller else "")
+
+  def __str__(self) -> str:
+    return self.name + (" bw" if self.backward else "")
+
+
+class GlobalCounters:
+  """Process-wide counters of work done: kernels launched, ops, bytes moved, time, memory in use."""
+
+  global_ops: ClassVar[int] = 0
+  global_mem: ClassVar[int] = 0
+  time_sum_s: ClassVar[float] = 0.0
+  kernel_count: ClassVar[int] = 0
+  mem_used: ClassVar[int] = 0  # not reset: it tracks live allocations
+  mem_peak: ClassVar[int] = 0
+
+  @staticmethod
+  def reset() -> None:
+    """Zero the per-run counters (mem_used is kept: it is live state)."""
+    GlobalCounters.global_ops, GlobalCounters.global_mem, GlobalCounters.time_sum_s, GlobalCounters.kernel_count = 0, 0, 0.0, 0
+    GlobalCounters.mem_peak = GlobalCounters.mem_used
+
+
+class Timing(contextlib.ContextDecorator):
+  """Print the wall time of a block: `with Timing("load: "): ...`."""
+
+  def __init__(self, prefix: str = "", on_exit: Optional[Callable[[int], str]] = None, enabled: bool = True) -> None:
+    self.prefix, self.on_exit, self.enabled = prefix, on_exit, enabled
+
+  def __enter__(self) -> None:
+    self.st = time.perf_counter_ns()
+
+  def __exit__(self, *exc: Any) -> None:
+    self.et = time.perf_counter_ns() - self.st
+    if self.enabled:
+      print(f"{self.prefix}{self.et * 1e-6:6.2f} ms" + (self.on_exit(self.et) if self.on_exit else ""))
+
+
+def _cache_dir() -> str:
+  return getenv("XDG_CACHE_HOME", os.path.expanduser("~/Library/Caches" if OSX else "~/.cache"))
+
+
+CACHEDB: str = getenv("CACHEDB", os.path.abspath(os.path.join(_cache_dir(), "tiny", "cache.db")))
+CACHELEVEL = getenv("CACHELEVEL", 2)
+
+
+def to_function_name(s: str) -> str:
+  """Turn a colored kernel name into a valid C identifier."""
+  return "".join(c if c.isalnum() or c == "_" else f"{ord(c):02X}" for c in ansistrip(s))
+
+
+def fetch(url: str, name: Optional[str] = None, allow_caching: bool = not getenv("DISABLE_HTTP_CACHE")) -> "os.PathLike[str]":
+  """Download url into the user cache (or return the cached copy). file:// and plain paths are read in place."""
+  import pathlib
+  if url.startswith(("/", ".")) or url.startswith("file://"):
+    return pathlib.Path(url.removeprefix("file://"))
+  fp = pathlib.Path(_cache_dir()) / "tiny" / "downloads" / (name or hashlib.md5(url.encode()).hexdigest())
+  if not fp.is_file() or not allow_caching:
+    fp.parent.mkdir(parents=True, exist_ok=True)
+    with urllib.request.urlopen(url, timeout=10) as r:
+      if r.status != 200:
+        raise RuntimeError(f"fetch of {url} failed with status {r.status}")
+      data = r.read()
+    tmp = fp.with_suffix(".tmp")
+    tmp.write_bytes(data)
+    tmp.rename(fp)
+  return fp
+
+
+def cpu_time_execution(cb: Callable[[], Any], enable: bool) -> Optional[float]:
+  """Run cb and return its wall time in seconds when enable is set."""
+  if enable:
+    st = time.perf_counter()
+  cb()
+  if enable:
+    return time.perf_counter() - st
+  return None
+
+
+def init_c_var(ctypes_var: T, creat_cb: Callable[[T], Any]) -> T:
+  """Call creat_cb on a fresh ctypes variable and return it."""
+  creat_cb(ctypes_var)
+  return ctypes_var
+
+
+def tqdm(iterable: Optional[Iterable[T]] = None, *args: Any, **kwargs: Any) -> Any:
+  """A progress bar from the tqdm package, quiet when it is not installed."""
+  try:
+    from tqdm import tqdm as _tqdm
+  except ImportError:
+    return _NoBar(iterable, **kwargs)
+  return _tqdm(iterable, *args, **kwargs)
+
+
+def trange(n: int, *args: Any, **kwargs: Any) -> Any:
+  """tqdm(range(n))."""
+  return tqdm(range(n), *args, **kwargs)
+
+
+class _NoBar:
+  def __init__(self, iterable: Optional[Iterable[Any]] = None, **kwargs: Any) -> None:
+    self.iterable = iterable
+
+  def __iter__(self) -> Iterator[Any]:
+    return iter(self.iterable if self.iterable is not None else [])
+
+  def update(self, n: int = 1) -> None:
+    pass
+
+  def set_description(self, *args: Any, **kwargs: Any) -> None:
+    pass
+
+  def close(self) -> None:
+    pass
+
+  def __enter__(self) -> "_NoBar":
+    return self
+
+  def __exit__(self, *args: Any) -> None:
+    pass
+
+
+def pretty_print(x: Any, rep: Callable[[Any], Any], srcfn: Callable[[Any], Any] = lambda x: x.src, cache: Optional[Dict[Any, Any]] = None, d: int = 0) -> str:
+  """Indented tree rendering of a DAG (shared nodes are numbered)."""
+  def dfs(x: Any, cache: Dict[Any, Any]) -> None:
+    for s in srcfn(x) or []:
+      cache.setdefault(s, [len(cache), 0, False])[1] += 1
+      if cache[s][1] == 1:
+        dfs(s, cache)
+  if cache is None:
+    cache = {}
+    dfs(x, cache)
+  if (cx := cache.setdefault(x, [0, 0, False]))[2]:
+    return f"{' ' * d} x{cx[0]}"
+  cx[2], srcs = True, ("None" if srcfn(x) is None else "".join(f"\n{pretty_print(s, rep, srcfn, cache, d + 2)}," for s in srcfn(x)))
+  return f"{' ' * d}{f'x{cx[0]}:=' * (cx[1] > 1)}{rep(x)}" % srcs
+
+
+def diskcache_key(*parts: Any) -> str:
+  """A stable hash of the parts, for disk-cache keys."""
+  return hashlib.sha256(repr(parts).encode()).hexdigest()
+
+
