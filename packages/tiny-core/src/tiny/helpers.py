@@ -394,3 +394,119 @@ def diskcache_key(*parts: Any) -> str:
   return hashlib.sha256(repr(parts).encode()).hexdigest()
 
 
+
+
+# *** raw memory views (used by allocators and runtimes built on ctypes) ***
+
+def mv_address(mv: memoryview) -> int:
+  """The address of the first byte of a writable memoryview."""
+  import ctypes
+  return ctypes.addressof(ctypes.c_char.from_buffer(mv))
+
+
+def to_mv(ptr: int, sz: int) -> memoryview:
+  """A writable byte memoryview over sz bytes at address ptr (no copy)."""
+  import ctypes
+  return memoryview((ctypes.c_uint8 * sz).from_address(ptr)).cast("B")
+
+
+def from_mv(mv: memoryview, to_type: Any = None) -> Any:
+  """A ctypes array aliasing the bytes of a writable memoryview (no copy)."""
+  import ctypes
+  return ctypes.cast(ctypes.addressof((to_type or ctypes.c_char).from_buffer(mv)), ctypes.POINTER((to_type or ctypes.c_char) * len(mv))).contents
+
+
+def flat_mv(mv: memoryview) -> memoryview:
+  """The same bytes as a flat unsigned-byte memoryview."""
+  return mv if len(mv) == 0 else mv.cast("B", shape=(mv.nbytes,))
+
+
+# *** sqlite disk cache: versioned tables, WAL, best effort (a broken cache never breaks a run) ***
+
+DISKCACHE_VERSION = 1
+_db_connections: Dict[Tuple[int, str], Any] = {}
+
+
+def _cache_db() -> Any:
+  import sqlite3
+  key = (os.getpid(), CACHEDB)
+  if (conn := _db_connections.get(key)) is None:
+    if CACHEDB != ":memory:":
+      os.makedirs(os.path.dirname(CACHEDB) or ".", exist_ok=True)
+    conn = sqlite3.connect(CACHEDB, timeout=30, isolation_level=None)
+    with contextlib.suppress(sqlite3.OperationalError):
+      conn.execute("PRAGMA journal_mode=WAL")
+    _db_connections[key] = conn
+  return conn
+
+
+def _cache_table(table: str) -> str:
+  return f"{''.join(c if c.isalnum() or c == '_' else '_' for c in table)}_v{DISKCACHE_VERSION}"
+
+
+def diskcache_get(table: str, key: Any) -> Any:
+  """The value cached under (table, key), or None when absent, unreadable or CACHELEVEL is 0."""
+  import pickle
+  import sqlite3
+  if CACHELEVEL == 0:
+    return None
+  if isinstance(key, (str, int)):
+    key = {"key": key}
+  tbl = _cache_table(table)
+  where = " AND ".join(f'"{k}"=?' for k in key)
+  try:
+    row = _cache_db().execute(f'SELECT val FROM "{tbl}" WHERE {where}', tuple(key.values())).fetchone()
+  except (sqlite3.Error, OSError):
+    return None
+  if row is None:
+    return None
+  try:
+    return pickle.loads(row[0])
+  except Exception:
+    # a corrupt entry (torn write, other version's pickle) is dropped so the caller rebuilds it
+    with contextlib.suppress(sqlite3.Error):
+      _cache_db().execute(f'DELETE FROM "{tbl}" WHERE {where}', tuple(key.values()))
+    return None
+
+
+def diskcache_put(table: str, key: Any, val: Any) -> Any:
+  """Store val under (table, key) and return it; storage failures (locked/read-only db) are ignored."""
+  import pickle
+  import sqlite3
+  if CACHELEVEL == 0:
+    return val
+  if isinstance(key, (str, int)):
+    key = {"key": key}
+  tbl = _cache_table(table)
+  types = {str: "text", bool: "integer", int: "integer", float: "numeric", bytes: "blob"}
+  cols = ", ".join(f'"{k}" {types[type(v)]}' for k, v in key.items())
+  try:
+    conn = _cache_db()
+    conn.execute(f'CREATE TABLE IF NOT EXISTS "{tbl}" ({cols}, val blob, PRIMARY KEY ({", ".join(chr(34) + k + chr(34) for k in key)}))')
+    conn.execute(f'REPLACE INTO "{tbl}" ({", ".join(chr(34) + k + chr(34) for k in key)}, val) VALUES ({", ".join("?" * (len(key) + 1))})',
+                 tuple(key.values()) + (pickle.dumps(val),))
+  except (sqlite3.Error, OSError):
+    pass
+  return val
+
+
+def diskcache(func: Callable[..., T]) -> Callable[..., T]:
+  """Memoize func on disk, keyed by the hash of its arguments."""
+  def wrapper(*args: Any, **kwargs: Any) -> T:
+    key = hashlib.sha256(pickle_dumps((args, kwargs))).hexdigest()
+    if (ret := diskcache_get(func.__name__, key)) is not None:
+      return ret
+    return diskcache_put(func.__name__, key, func(*args, **kwargs))
+  return wrapper
+
+
+def pickle_dumps(x: Any) -> bytes:
+  """pickle.dumps, importable without importing pickle at module load."""
+  import pickle
+  return pickle.dumps(x)
+
+
+# the Metadata of the Tensor method being run; LazyBuffers created meanwhile record it (set by the Tensor layer)
+import contextvars  # noqa: E402
+
+_METADATA: contextvars.ContextVar[Optional[Metadata]] = contextvars.ContextVar("_METADATA", default=None)

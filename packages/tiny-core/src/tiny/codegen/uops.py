@@ -30,14 +30,32 @@ meaning of each op in the linearized list:
 
 EXPAND, CONTRACT, REDUCE, VAR and NOOP exist only before linearization (the expander and the
 reduce lowering remove them).
+
+Ordering rules of the linearized list (codegen helper):
+- Every source comes before its user, with ONE exception: a DEFINE_ACC comes *before* the RANGEs in
+  its src (it is `acc = init` right before the loops it accumulates over open; the RANGEs in its src
+  only say which loops those are). Render DEFINE_ACC from src[0] alone.
+- A RANGE is closed by exactly one ENDRANGE; loops nest properly; a value defined inside a loop is
+  only used inside that loop, except a PHI, whose value after the loop is the accumulator's final value.
+- A PHI sits inside all the loops of its DEFINE_ACC; its users outside those loops read the accumulator.
+- Global/local dims are SPECIALs when the renderer has_local, else non-reduce RANGEs (axis < 1000,
+  arg[1] False) that enclose the whole kernel body; reduce loops have arg[1] True.
 """
 from __future__ import annotations
 
+import functools
+import itertools
+import math
+import sys
 from dataclasses import dataclass
 from enum import Enum, auto
-from typing import Any, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
-from tiny.dtype import DType
+from tiny.dtype import ConstType, DType, dtypes
+from tiny.ops import BinaryOps, TernaryOps, UnaryOps, exec_alu
+
+# deep expression chains (unrolled reduces) recurse once per node
+sys.setrecursionlimit(max(sys.getrecursionlimit(), 20000))
 
 
 class UOps(Enum):
@@ -54,6 +72,14 @@ class UOps(Enum):
   ENDRANGE = auto(); ENDIF = auto()  # noqa: E702
 
 
+COMMUTATIVE = {BinaryOps.ADD, BinaryOps.MUL, BinaryOps.MAX, BinaryOps.CMPNE, BinaryOps.XOR, BinaryOps.AND, BinaryOps.OR}
+END_FOR_UOP = {UOps.IF: (UOps.STORE, UOps.ENDIF), UOps.RANGE: (UOps.PHI, UOps.ENDRANGE)}
+
+
+def _is_int_like(dt: Optional[DType]) -> bool:
+  return dt is not None and (dtypes.is_int(dt) or dt.scalar() == dtypes.bool)
+
+
 @dataclass(frozen=True, eq=False)
 class UOp:
   """One node of the kernel graph. Identity-compared; structural dedup happens in graph_rewrite."""
@@ -62,3 +88,396 @@ class UOp:
   dtype: Optional[DType] = None
   src: Tuple[UOp, ...] = tuple()
   arg: Any = None
+
+  # *** construction helpers ***
+
+  @staticmethod
+  def const(dtype: DType, b: Any) -> UOp:
+    """A constant of dtype (a VECTORIZE of equal scalars for a vector dtype)."""
+    if dtype.count > 1:
+      s = UOp.const(dtype.scalar(), b)
+      return UOp(UOps.VECTORIZE, dtype, (s,) * dtype.count)
+    return UOp(UOps.CONST, dtype, (), dtypes.as_const(b, dtype))
+
+  def const_like(self, b: Any) -> UOp:
+    """A constant with this uop's dtype."""
+    assert self.dtype is not None
+    return UOp.const(self.dtype, b)
+
+  def cast(self, dtype: DType) -> UOp:
+    return UOp(UOps.CAST, dtype, (self,))
+
+  def bitcast(self, dtype: DType) -> UOp:
+    return UOp(UOps.BITCAST, dtype, (self,))
+
+  def gep(self, i: int) -> UOp:
+    assert self.dtype is not None
+    return UOp(UOps.GEP, self.dtype.scalar(), (self,), i)
+
+  def alu(self, arg: Union[UnaryOps, BinaryOps, TernaryOps], *src: UOp) -> UOp:
+    """An ALU op with self as the first operand; comparisons give bool (vectors of bool for vectors)."""
+    out = self.dtype
+    if arg in (BinaryOps.CMPLT, BinaryOps.CMPNE):
+      out = dtypes.bool if self.dtype is None or self.dtype.count == 1 else dtypes.bool.vec(self.dtype.count)
+    elif arg is TernaryOps.WHERE:
+      out = src[-1].dtype
+    return UOp(UOps.ALU, out, (self,) + src, arg)
+
+  def _c(self, x: Any) -> UOp:
+    return x if isinstance(x, UOp) else self.const_like(x)
+
+  def __add__(self, x: Any) -> UOp: return self.alu(BinaryOps.ADD, self._c(x))  # noqa: E704
+  def __radd__(self, x: Any) -> UOp: return self._c(x).alu(BinaryOps.ADD, self)  # noqa: E704
+  def __sub__(self, x: Any) -> UOp: return self.alu(BinaryOps.ADD, -self._c(x))  # noqa: E704
+  def __rsub__(self, x: Any) -> UOp: return self._c(x).alu(BinaryOps.ADD, -self)  # noqa: E704
+  def __mul__(self, x: Any) -> UOp: return self.alu(BinaryOps.MUL, self._c(x))  # noqa: E704
+  def __rmul__(self, x: Any) -> UOp: return self._c(x).alu(BinaryOps.MUL, self)  # noqa: E704
+  def __neg__(self) -> UOp: return self.alu(UnaryOps.NEG)  # noqa: E704
+  def __floordiv__(self, x: Any) -> UOp: return self.alu(BinaryOps.IDIV, self._c(x))  # noqa: E704
+  def __mod__(self, x: Any) -> UOp: return self.alu(BinaryOps.MOD, self._c(x))  # noqa: E704
+  def __truediv__(self, x: Any) -> UOp: return self.alu(BinaryOps.MUL, self._c(x).alu(UnaryOps.RECIP))  # noqa: E704
+  def __xor__(self, x: Any) -> UOp: return self.alu(BinaryOps.XOR, self._c(x))  # noqa: E704
+  def __and__(self, x: Any) -> UOp: return self.alu(BinaryOps.AND, self._c(x))  # noqa: E704
+  def __or__(self, x: Any) -> UOp: return self.alu(BinaryOps.OR, self._c(x))  # noqa: E704
+  def lt(self, x: Any) -> UOp: return self.alu(BinaryOps.CMPLT, self._c(x))  # noqa: E704
+  def ne(self, x: Any) -> UOp: return self.alu(BinaryOps.CMPNE, self._c(x))  # noqa: E704
+  def eq(self, x: Any) -> UOp: return self.ne(x).ne(True)  # noqa: E704
+  def ge(self, x: Any) -> UOp: return self.lt(x).ne(True)  # noqa: E704
+  def max(self, x: Any) -> UOp: return self.alu(BinaryOps.MAX, self._c(x))  # noqa: E704
+  def min(self, x: Any) -> UOp: return -((-self).max(-self._c(x)))  # noqa: E704
+  def recip(self) -> UOp: return self.alu(UnaryOps.RECIP)  # noqa: E704
+
+  def where(self, x: Any, y: Any) -> UOp:
+    """self ? x : y."""
+    xx = x if isinstance(x, UOp) else (y.const_like(x) if isinstance(y, UOp) else None)
+    yy = y if isinstance(y, UOp) else (xx.const_like(y) if xx is not None else None)
+    if xx is None or yy is None:
+      raise TypeError("where needs at least one UOp branch")
+    return self.alu(TernaryOps.WHERE, xx, yy)
+
+  # *** inspection ***
+
+  def commutative(self) -> bool:
+    """True for ALU ops whose two operands may be swapped."""
+    return self.op is UOps.ALU and self.arg in COMMUTATIVE
+
+  @functools.cached_property
+  def parents(self) -> Dict[UOp, None]:
+    """All transitive sources (ordered set)."""
+    ret: Dict[UOp, None] = {}
+    for s in self.src:
+      ret.update(s.parents)
+      ret[s] = None
+    return ret
+
+  @property
+  def sparents(self) -> Dict[UOp, None]:
+    """parents plus self."""
+    return {**self.parents, self: None}
+
+  def vars(self) -> List[Any]:
+    """The Variables of the DEFINE_VARs under this uop, sorted by name."""
+    return sorted({x.arg for x in self.sparents if x.op is UOps.DEFINE_VAR}, key=lambda v: v.expr)
+
+  @functools.cached_property
+  def cmp_tuple(self) -> Tuple[Any, ...]:
+    # a total order used to break ties when linearizing
+    return (self.op.value, str(self.arg) if self.op is not UOps.ALU else self.arg.value, str(self.dtype))
+
+  def __repr__(self) -> str:
+    return pretty_uop(self)
+
+  # *** value ranges, for folding ***
+
+  @functools.cached_property
+  def _min_max(self) -> Tuple[Any, Any]:
+    return _min_max(self)
+
+  @property
+  def vmin(self) -> Any:
+    """A lower bound of every value this uop takes (-inf/dtype min when unknown)."""
+    return self._min_max[0]
+
+  @property
+  def vmax(self) -> Any:
+    """An upper bound of every value this uop takes."""
+    return self._min_max[1]
+
+  def divides(self, v: int) -> Optional[UOp]:
+    """self // v when that is exact by construction (every term a multiple of v), else None."""
+    if v == 1:
+      return self
+    if self.op is UOps.CONST:
+      return self.const_like(self.arg // v) if isinstance(self.arg, int) and self.arg % v == 0 else None
+    if self.op is UOps.ALU:
+      if self.arg is BinaryOps.ADD:
+        d0, d1 = self.src[0].divides(v), self.src[1].divides(v)
+        return d0 + d1 if d0 is not None and d1 is not None else None
+      if self.arg is BinaryOps.MUL:
+        if (d0 := self.src[0].divides(v)) is not None:
+          return d0 * self.src[1]
+        if (d1 := self.src[1].divides(v)) is not None:
+          return self.src[0] * d1
+    return None
+
+
+def _dt_range(dt: Optional[DType]) -> Tuple[Any, Any]:
+  if dt is None:
+    return -math.inf, math.inf
+  s = dt.scalar()
+  if s == dtypes.bool:
+    return False, True
+  if dtypes.is_int(s) and s != dtypes.bigint:
+    return dtypes.min(s), dtypes.max(s)
+  return -math.inf, math.inf
+
+
+def _min_max(u: UOp) -> Tuple[Any, Any]:
+  full = _dt_range(u.dtype)
+  if u.dtype is not None and u.dtype.count > 1:
+    return full
+  if u.op is UOps.CONST:
+    return (u.arg, u.arg) if isinstance(u.arg, (int, float)) else full
+  if not _is_int_like(u.dtype) and u.dtype != dtypes.bigint:
+    return full
+  if u.op is UOps.SPECIAL:
+    return (0, u.arg[2] - 1) if isinstance(u.arg[2], int) else (0, full[1])
+  if u.op is UOps.RANGE:
+    return u.src[0].vmin, u.src[1].vmax - 1
+  if u.op is UOps.DEFINE_VAR:
+    lo, hi = getattr(u.arg, "min", full[0]), getattr(u.arg, "max", full[1])
+    return (lo if isinstance(lo, int) else full[0]), (hi if isinstance(hi, int) else full[1])
+  if u.op is UOps.CAST and u.src[0].dtype is not None and _is_int_like(u.src[0].dtype):
+    lo, hi = u.src[0].vmin, u.src[0].vmax
+    return (lo, hi) if full[0] <= lo and hi <= full[1] else full
+  if u.op is not UOps.ALU:
+    return full
+  a = u.src[0]
+  ret = full
+  if u.arg is BinaryOps.ADD:
+    ret = (a.vmin + u.src[1].vmin, a.vmax + u.src[1].vmax)
+  elif u.arg is BinaryOps.MUL:
+    b = u.src[1]
+    prods = [x * y for x in (a.vmin, a.vmax) for y in (b.vmin, b.vmax) if not (math.isinf(x) or math.isinf(y))]
+    if len(prods) == 4:
+      ret = (min(prods), max(prods))
+  elif u.arg is UnaryOps.NEG and u.dtype != dtypes.bool:
+    ret = (-a.vmax, -a.vmin)
+  elif u.arg is BinaryOps.MAX:
+    ret = (max(a.vmin, u.src[1].vmin), max(a.vmax, u.src[1].vmax))
+  elif u.arg is BinaryOps.MOD and (b := u.src[1]).op is UOps.CONST and isinstance(b.arg, int) and b.arg > 0:
+    ret = (0 if a.vmin >= 0 else -(b.arg - 1), b.arg - 1 if a.vmax > 0 else 0)
+    if 0 <= a.vmin and a.vmax < b.arg:
+      ret = (a.vmin, a.vmax)
+  elif u.arg is BinaryOps.IDIV and (b := u.src[1]).op is UOps.CONST and isinstance(b.arg, int) and b.arg > 0 and not math.isinf(a.vmin) \
+      and not math.isinf(a.vmax):
+    ret = (int(a.vmin / b.arg), int(a.vmax / b.arg))
+  elif u.arg is BinaryOps.CMPLT:
+    b = u.src[1]
+    ret = (True, True) if a.vmax < b.vmin else (False, False) if a.vmin >= b.vmax else (False, True)
+  elif u.arg is BinaryOps.CMPNE:
+    b = u.src[1]
+    ret = (True, True) if a.vmax < b.vmin or a.vmin > b.vmax else \
+      (False, False) if a.vmin == a.vmax == b.vmin == b.vmax else (False, True)
+  elif u.arg is TernaryOps.WHERE:
+    ret = (min(u.src[1].vmin, u.src[2].vmin), max(u.src[1].vmax, u.src[2].vmax))
+  elif u.arg is BinaryOps.AND and u.dtype == dtypes.bool:
+    ret = (bool(a.vmin and u.src[1].vmin), bool(a.vmax and u.src[1].vmax))
+  if full[0] <= ret[0] and ret[1] <= full[1]:
+    return ret
+  return full
+
+
+def pretty_uop(u: UOp, depth: int = 0, max_depth: int = 3) -> str:
+  """A short readable rendering of a uop and its sources."""
+  arg = u.arg.name if isinstance(u.arg, Enum) else u.arg
+  if max_depth <= 0 or not u.src:
+    srcs = f"<{len(u.src)} src>" if u.src else "()"
+  else:
+    srcs = "(" + ", ".join(pretty_uop(s, depth + 1, max_depth - 1) for s in u.src) + ")"
+  return f"UOp({u.op.name}, {u.dtype}, {srcs}, {arg!r})"
+
+
+# *** pattern matching ***
+
+class UPat:
+  """A pattern over uops.
+
+  op/dtype: one value or a set of them (None matches anything); arg: compared with ==, None matches anything;
+  src: None (anything), a tuple of UPats (in order; both orders for a commutative ALU with two sources),
+  a list of UPats (any permutation), or a single UPat every source must match; name binds the matched uop
+  (a name used twice must bind the same uop); allow_any_len lets a tuple src match a prefix of the sources."""
+
+  __slots__ = ("op", "dtype", "arg", "src", "name", "allow_any_len")
+
+  def __init__(self, op: Any = None, arg: Any = None, src: Any = None, name: Optional[str] = None, dtype: Any = None,
+               allow_any_len: bool = False) -> None:
+    self.op: Optional[Tuple[UOps, ...]] = None if op is None else (tuple(op) if isinstance(op, (set, tuple, list, frozenset)) else (op,))
+    self.dtype: Optional[Tuple[DType, ...]] = None if dtype is None else \
+      (tuple(dtype) if isinstance(dtype, (set, tuple, list, frozenset)) else (dtype,))
+    self.arg, self.src, self.name, self.allow_any_len = arg, src, name, allow_any_len
+
+  @staticmethod
+  def var(name: Optional[str] = None, dtype: Any = None) -> UPat:
+    """Any uop."""
+    return UPat(name=name, dtype=dtype)
+
+  @staticmethod
+  def cvar(name: Optional[str] = None, dtype: Any = None) -> UPat:
+    """Any CONST."""
+    return UPat(UOps.CONST, name=name, dtype=dtype)
+
+  @staticmethod
+  def alu(arg: Any, *src: UPat, name: Optional[str] = None, dtype: Any = None) -> UPat:
+    return UPat(UOps.ALU, arg, tuple(src), name=name, dtype=dtype)
+
+  def __repr__(self) -> str:
+    return f"UPat({self.op}, {self.arg}, name={self.name!r}, src={self.src})"
+
+
+def _arg_eq(a: Any, b: Any) -> bool:
+  if isinstance(b, float) and math.isnan(b):
+    return isinstance(a, float) and math.isnan(a)
+  if type(a) is bool or type(b) is bool:
+    return type(a) is type(b) and a == b
+  try:
+    return bool(a == b)
+  except Exception:  # noqa: BLE001 - symbolic args may not compare to plain values
+    return False
+
+
+def _match(u: UOp, pat: UPat, store: Dict[str, UOp]) -> List[Dict[str, UOp]]:
+  if pat.name is not None and (prev := store.get(pat.name)) is not None:
+    return [store] if prev is u else []
+  if pat.op is not None and u.op not in pat.op:
+    return []
+  if pat.dtype is not None and u.dtype not in pat.dtype:
+    return []
+  if pat.arg is not None and not _arg_eq(u.arg, pat.arg):
+    return []
+  if pat.name is not None:
+    store = {**store, pat.name: u}
+  if pat.src is None:
+    return [store]
+  if isinstance(pat.src, UPat):
+    stores = [store]
+    for s in u.src:
+      stores = [ns for st in stores for ns in _match(s, pat.src, st)]
+      if not stores:
+        break
+    return stores
+  psrc = pat.src
+  if len(u.src) != len(psrc) and not (pat.allow_any_len and len(u.src) >= len(psrc)):
+    return []
+  if isinstance(psrc, list):
+    orders: Iterable[Sequence[UPat]] = itertools.permutations(psrc)
+  elif len(psrc) == 2 and u.commutative():
+    orders = (psrc, (psrc[1], psrc[0]))
+  else:
+    orders = (psrc,)
+  res: List[Dict[str, UOp]] = []
+  for order in orders:
+    stores = [store]
+    for s, p in zip(u.src, order):
+      stores = [ns for st in stores for ns in _match(s, p, st)]
+      if not stores:
+        break
+    res.extend(stores)
+  return res
+
+
+class PatternMatcher:
+  """An ordered list of (UPat, fxn) rules; fxn(**bound_names) returns a replacement uop or None.
+
+  Rules are indexed by op (and by ALU arg when the pattern names one), so each uop is only tried against
+  the rules that could match it; among those, the first rule (in list order) that returns a uop wins."""
+
+  def __init__(self, patterns: List[Tuple[UPat, Callable[..., Optional[UOp]]]]) -> None:
+    self.patterns = list(patterns)
+    self._by_key: Dict[Any, List[Tuple[int, UPat, Callable[..., Optional[UOp]]]]] = {}
+    for i, (p, fxn) in enumerate(self.patterns):
+      if p.op is None:
+        raise ValueError(f"a rule's root pattern must name its op(s): {p}")
+      for o in p.op:
+        key = (o, p.arg) if o is UOps.ALU and p.arg is not None else (o, None)
+        self._by_key.setdefault(key, []).append((i, p, fxn))
+    self._cands: Dict[Any, List[Tuple[UPat, Callable[..., Optional[UOp]]]]] = {}
+
+  def __add__(self, other: PatternMatcher) -> PatternMatcher:
+    return PatternMatcher(self.patterns + other.patterns)
+
+  def _candidates(self, u: UOp) -> List[Tuple[UPat, Callable[..., Optional[UOp]]]]:
+    key = (u.op, u.arg) if u.op is UOps.ALU else u.op
+    if (ret := self._cands.get(key)) is None:
+      found = self._by_key.get((u.op, None), []) + (self._by_key.get((u.op, u.arg), []) if u.op is UOps.ALU else [])
+      ret = self._cands[key] = [(p, f) for _, p, f in sorted(found, key=lambda x: x[0])]
+    return ret
+
+  def rewrite(self, u: UOp) -> Optional[UOp]:
+    """The first replacement a rule gives for u (not recursive), or None."""
+    for p, fxn in self._candidates(u):
+      for store in _match(u, p, {}):
+        if (ret := fxn(**store)) is not None:
+          return ret
+    return None
+
+
+def _arg_key(arg: Any) -> Any:
+  if isinstance(arg, float):
+    return ("f", repr(arg))  # keeps -0.0 apart from 0.0 and lets nan dedup
+  if isinstance(arg, bool):
+    return ("b", arg)
+  return arg
+
+
+def graph_rewrite(sink: UOp, pm: PatternMatcher) -> UOp:
+  """Rewrite bottom-up with pm until no rule applies anywhere; structurally identical nodes become one uop."""
+  canon: Dict[Any, UOp] = {}
+  done: Dict[UOp, UOp] = {}
+
+  def rw(n: UOp) -> UOp:
+    if (r := done.get(n)) is not None:
+      return r
+    new_src = tuple(rw(s) for s in n.src)
+    try:
+      key: Any = (n.op, n.dtype, tuple(id(s) for s in new_src), _arg_key(n.arg))
+      hash(key)
+    except TypeError:
+      key = None
+    if key is not None and (c := canon.get(key)) is not None:
+      done[n] = c
+      return c
+    nn = n if all(a is b for a, b in zip(new_src, n.src)) and len(new_src) == len(n.src) else UOp(n.op, n.dtype, new_src, n.arg)
+    if (rep := pm.rewrite(nn)) is not None:
+      ret = rw(rep)
+    else:
+      ret = nn
+      if key is not None:
+        canon[key] = nn
+      done[nn] = nn
+    done[n] = ret
+    return ret
+  return rw(sink)
+
+
+def uop_const_value(u: UOp) -> Optional[ConstType]:
+  """The constant value of a CONST uop (or a VECTORIZE of one repeated CONST), else None."""
+  if u.op is UOps.CONST:
+    return u.arg
+  if u.op is UOps.VECTORIZE and u.src and all(s is u.src[0] for s in u.src) and u.src[0].op is UOps.CONST:
+    return u.src[0].arg
+  return None
+
+
+def fold_alu(arg: Any, dtype: DType, vals: Sequence[Any]) -> Any:
+  """exec_alu on constants (the single source of constant-folding semantics)."""
+  return exec_alu(arg, dtype, list(vals))
+
+
+def __getattr__(name: str) -> Any:
+  # UOpGraph lives with the rewrite rules; importing it here lazily avoids an import cycle
+  if name in ("UOpGraph", "flops_mem"):
+    from tiny.codegen import uopgraph
+    return getattr(uopgraph, name)
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+

@@ -1,0 +1,181 @@
+"""Runtimes of the CPU devices: load a compiled kernel, call it on every core; the host-memory allocator."""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import tempfile
+import threading
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+from tiny.device import BufferOptions, LRUAllocator
+from tiny.helpers import THREADS, flat_mv
+
+from tiny_clang.pool import NativePool, get_pool, num_threads
+
+# a kernel whose first single-core run takes less than this stays on one core: waking the pool costs more than it saves
+PARALLEL_MIN_SECONDS = 40e-6
+
+_tmpdir = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+
+
+def load_shared(lib: bytes) -> ctypes.CDLL:
+  """dlopen a shared object given as bytes. The file exists only between write and dlopen (a unique name, so the
+  loader never mistakes it for an earlier kernel)."""
+  fd, path = tempfile.mkstemp(prefix="tiny_clang_", suffix=".so", dir=_tmpdir)
+  try:
+    with os.fdopen(fd, "wb") as f:
+      f.write(lib)
+    return ctypes.CDLL(path, mode=os.RTLD_LOCAL | os.RTLD_NOW)
+  finally:
+    os.unlink(path)
+
+
+def buf_address(b: Any) -> int:
+  """Address of an opaque buffer of ClangAllocator (a ctypes array) or a raw int pointer."""
+  return b if isinstance(b, int) else ctypes.addressof(b)
+
+
+class CPUProgram:
+  """Shared call logic: `entry` is the address of `NAME_entry(args, core, ncores)`, `parallel` says whether the kernel's
+  outermost loop may be split across cores.
+
+  With THREADS=0 (auto) a kernel runs on one core first; it goes parallel from then on when that run took more than
+  PARALLEL_MIN_SECONDS. THREADS=N>1 always splits parallel kernels N ways, THREADS=1 never splits.
+  """
+
+  name: str
+  entry: int
+  parallel: int
+
+  def _setup_threads(self) -> None:
+    self.pool = get_pool()
+    self.auto_threads: Optional[int] = None if THREADS.value == 0 else 0
+
+  def threads(self) -> int:
+    """How many cores the next call uses."""
+    if not self.parallel:
+      return 1
+    if THREADS.value > 0:
+      return int(THREADS.value)
+    return self.auto_threads or 1
+
+  def __call__(self, *bufs: Any, global_size: Tuple[int, ...] = (1, 1, 1), local_size: Tuple[int, ...] = (1, 1, 1),
+               vals: Tuple[int, ...] = (), wait: bool = False) -> Optional[float]:
+    args = (ctypes.c_int64 * max(1, len(bufs) + len(vals)))(*[buf_address(b) for b in bufs], *vals)
+    T = self.threads()
+    st = time.perf_counter()
+    self.pool.run1(self.entry, args, self.parallel, T)
+    et = time.perf_counter() - st
+    if self.auto_threads is None and THREADS.value == 0:
+      self.auto_threads = num_threads() if et > PARALLEL_MIN_SECONDS else 1
+    return et if wait else None
+
+
+class ClangProgram(CPUProgram):
+  """A CLANG kernel: `lib` is a shared object exporting NAME, NAME_entry and NAME_parallel."""
+
+  def __init__(self, name: str, lib: bytes):
+    self.name, self.lib = name, lib
+    self.so = load_shared(lib)
+    try:
+      self.fxn = getattr(self.so, name)
+      self.entry = ctypes.cast(getattr(self.so, f"{name}_entry"), ctypes.c_void_p).value or 0
+    except AttributeError as e:
+      raise RuntimeError(f"shared object for {name} lacks the kernel or its entry: was it rendered by ClangRenderer? ({e})") from e
+    try:
+      self.parallel = ctypes.c_int32.in_dll(self.so, f"{name}_parallel").value
+    except ValueError:
+      self.parallel = 0
+    self._setup_threads()
+
+
+class LLVMProgram(CPUProgram):
+  """An LLVM kernel: `lib` is an ELF object from LLVMCompiler, linked in process by an MCJIT engine of its own."""
+
+  def __init__(self, name: str, lib: bytes):
+    from tiny_clang.compiler import host_target_machine, init_llvm
+    llvm = init_llvm()
+    self.name, self.lib = name, lib
+    with _llvm_lock:
+      # the engine owns its TargetMachine, so each program gets a fresh one (sharing one segfaults at teardown)
+      self.engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), host_target_machine())
+      self.engine.add_object_file(llvm.ObjectFileRef.from_data(lib))
+      self.engine.finalize_object()
+      self.entry = self.engine.get_function_address(f"{name}_entry")
+      fn = self.engine.get_function_address(name)
+      par = self.engine.get_global_value_address(f"{name}_parallel")
+    if not self.entry or not fn:
+      raise RuntimeError(f"LLVM object for {name} lacks the kernel or its entry: was it rendered by LLVMRenderer?")
+    self.parallel = ctypes.c_int32.from_address(par).value if par else 0
+    self._setup_threads()
+
+
+_llvm_lock = threading.Lock()
+
+
+# ***** allocator *****
+
+class _libc:
+  lib: Any = None
+
+  @classmethod
+  def get(cls) -> Any:
+    if cls.lib is None:
+      lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+      lib.posix_memalign.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t, ctypes.c_size_t]
+      lib.posix_memalign.restype = ctypes.c_int
+      lib.free.argtypes = [ctypes.c_void_p]
+      lib.free.restype = None
+      cls.lib = lib
+    return cls.lib
+
+
+class ClangAllocator(LRUAllocator):
+  """Host memory for CLANG and LLVM: 64-byte aligned (one cache line, one AVX-512 vector), not zeroed, freed with free().
+
+  Buffers are ctypes arrays over the malloc'd memory, so `as_buffer` is a zero-copy memoryview."""
+
+  ALIGN = 64
+
+  def __init__(self) -> None:
+    super().__init__()
+    self.live: Dict[int, int] = {}
+
+  def _alloc(self, size: int, options: BufferOptions) -> Any:
+    ptr = ctypes.c_void_p()
+    if _libc.get().posix_memalign(ctypes.byref(ptr), self.ALIGN, size) != 0 or not ptr.value:
+      raise MemoryError(f"cannot allocate {size} bytes of host memory")
+    return (ctypes.c_uint8 * size).from_address(ptr.value)
+
+  def _free(self, opaque: Any, options: BufferOptions) -> None:
+    _libc.get().free(ctypes.addressof(opaque))
+
+  def as_buffer(self, src: Any) -> memoryview:
+    return flat_mv(memoryview(src))
+
+  def copyin(self, dest: Any, src: memoryview) -> None:
+    if src.nbytes:
+      flat_mv(memoryview(dest))[:src.nbytes] = flat_mv(src)
+
+  def copyout(self, dest: memoryview, src: Any) -> None:
+    if dest.nbytes:
+      flat_mv(dest)[:] = flat_mv(memoryview(src))[:dest.nbytes]
+
+  def offset(self, buf: Any, size: int, offset: int) -> Any:
+    # from_buffer keeps a reference to buf, so a view never outlives the memory it looks at
+    return (ctypes.c_uint8 * size).from_buffer(buf, offset)
+
+  def from_external(self, ptr: int, size: int, options: Optional[BufferOptions] = None) -> Any:
+    """Wrap memory someone else owns (never freed by this allocator)."""
+    return (ctypes.c_uint8 * size).from_address(ptr)
+
+
+def run_entries(progs: List[CPUProgram], args: List[Any], T: int) -> int:
+  """Run several programs back to back on the pool (one native call when the pool is native)."""
+  pool = get_pool()
+  if isinstance(pool, NativePool):
+    from tiny_clang.pool import run_list
+    return run_list([p.entry for p in progs], args, [p.parallel for p in progs], T)
+  return pool.run_list([p.entry for p in progs], args, [p.parallel for p in progs], T)

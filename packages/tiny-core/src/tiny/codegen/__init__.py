@@ -1,0 +1,1 @@
+"""The kernel compiler: LazyOp AST -> Kernel opts -> UOp graph -> linearized uops."""

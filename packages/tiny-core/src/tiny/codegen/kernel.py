@@ -1,0 +1,618 @@
+"""`Kernel`: shape analysis and optimizations (opts) of one kernel AST, then lowering, linearizing and rendering.
+
+All buffers' ShapeTrackers are kept in one axis order:
+`[global | local | grouped reduce | reduce | upcasted]` (upcasted = UPCAST'ed outputs and UNROLL'ed reduce axes).
+Each opt reshapes/permutes every ShapeTracker the same way; lowering then reads that layout.
+"""
+from __future__ import annotations
+
+import functools
+import itertools
+from dataclasses import dataclass, replace
+from enum import Enum, auto
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union, cast
+
+from tiny.dtype import ImageDType
+from tiny.helpers import DEBUG, TC_OPT, USE_TC, all_int, ansilen, colored, dedup, prod, round_up, to_function_name
+from tiny.ops import UNSAFE_PAD_OPS, BinaryOps, BufferOps, ConstBuffer, KernelInfo, LazyOp, MemBuffer, MetaOps, ReduceOps, UnaryOps, \
+  get_lazyop_info, verify_lazyop
+from tiny.shape.shapetracker import ShapeTracker
+from tiny.codegen.uopgraph import UOpGraph
+
+
+class OptOps(Enum):
+  """Kinds of kernel optimization."""
+
+  TC = auto(); UPCAST = auto(); UPCASTMID = auto(); UNROLL = auto(); LOCAL = auto()  # noqa: E702
+  GROUP = auto(); GROUPTOP = auto(); NOLOCALS = auto(); PADTO = auto()  # noqa: E702
+
+  def __lt__(self, x: OptOps) -> bool:
+    return self.value < x.value
+
+
+class KernelOptError(Exception):
+  """An opt that does not apply to this kernel (bad axis, size, or unsupported by the renderer)."""
+
+
+def check(cond: bool, msg: str = "") -> None:
+  if not cond:
+    raise KernelOptError(msg)
+
+
+@dataclass(frozen=True, order=True)
+class Opt:
+  """One optimization: op on axis (counted as the op counts axes) by amt (0 = the whole axis)."""
+
+  op: OptOps
+  axis: Optional[int] = None
+  amt: Optional[int] = None
+
+  def __repr__(self) -> str:
+    return f"Opt(op={self.op}, axis={self.axis}, amt={self.amt})"
+
+  def real_axis(self, k: Kernel) -> int:
+    """The axis in the kernel's full layout this opt refers to."""
+    if self.axis is None:
+      return -1
+    if self.op is OptOps.UNROLL:
+      return k.first_reduce + self.axis
+    if self.op in (OptOps.GROUP, OptOps.GROUPTOP):
+      return k.first_reduce + k.group_for_reduces + self.axis
+    return self.axis
+
+
+@dataclass
+class TensorCoreOptions:
+  """Where a tensor core was placed: the n, m, k axes and the axes of the two inputs."""
+
+  axes: Tuple[int, ...]
+  axes_exist: Tuple[bool, ...]
+  axis_pads: List[Tuple[int, int]]
+
+  def fix_axes(self, removed_axis: int) -> None:
+    """Shift the remembered axes after simplify_ones removed one."""
+    for tc_dim in [i for i in range(2) if self.axes_exist[i]]:
+      if removed_axis < self.axes[tc_dim]:
+        lst = list(self.axes)
+        lst[tc_dim] -= 1
+        self.axes = tuple(lst)
+      elif removed_axis == self.axes[tc_dim]:
+        exist = list(self.axes_exist)
+        exist[tc_dim] = False
+        self.axes_exist = tuple(exist)
+
+
+class Kernel:
+  """A kernel being optimized. `Kernel(ast)` with ast a KERNEL LazyOp of STOREs (or the STOREs themselves)."""
+
+  def __init__(self, *ast: LazyOp, opts: Any = None) -> None:
+    if len(ast) == 1 and ast[0].op is MetaOps.KERNEL:
+      self.ast = ast[0]
+    else:
+      self.ast = LazyOp(MetaOps.KERNEL, tuple(ast))
+    verify_lazyop(self.ast)
+    if opts is None:
+      from tiny.device import Device
+      opts = Device[Device.DEFAULT].renderer
+    self.opts = opts
+    self.reduceops = dedup([x for x in self.ast.lazyops if x.op in ReduceOps])
+    self.outbufs: List[MemBuffer] = [x.arg for x in self.ast.src]
+    self.bufs: List[Union[MemBuffer, ConstBuffer]] = dedup([x.arg for x in self.ast.lazyops if x.op in BufferOps])
+    earlybufs = [x.arg for r in self.reduceops for x in r.lazyops if x.op in BufferOps]
+    self.full_buf_index: int = self.bufs.index(earlybufs[0]) if earlybufs else 0
+    # one ShapeTracker per buffer, then one per reduce (its output shape) so reduce axes survive reshapes
+    self.sts: List[ShapeTracker] = [x.st for x in self.bufs]
+    reduce_in = self._reduce_input_shapes()
+    for r in self.reduceops:
+      self.sts.append(ShapeTracker.from_shape(tuple(1 if i in r.arg else s for i, s in enumerate(reduce_in[r]))))
+    # move all reduce axes to the end
+    red = list(enumerate(zip(self.full_shape, self.output_shape)))
+    permute = tuple([i for i, (s, n) in red if s == n] + [i for i, (s, n) in red if s != n])
+    self.reshape_and_permute(None, permute)
+    self.applied_opts: List[Opt] = []
+    self.group_for_reduces: int = 0
+    self.upcasted: int = 0
+    self.local_dims: int = 0
+    self.tensor_core: Any = None
+    self.tensor_core_opts: Optional[TensorCoreOptions] = None
+    self.use_tensor_cores: int = 0
+    self.dont_use_locals: bool = False
+    self.uops: Optional[UOpGraph] = None
+    self.simplify_ones()
+    self.simplify_merge_adjacent()
+
+  def _reduce_input_shapes(self) -> Dict[LazyOp, Tuple[Any, ...]]:
+    shapes: Dict[LazyOp, Tuple[Any, ...]] = {}
+
+    def shape_of(x: LazyOp) -> Tuple[Any, ...]:
+      if x.op in BufferOps:
+        return x.arg.st.shape
+      if x.op in ReduceOps:
+        s = shapes[x] = shape_of(x.src[0])
+        return tuple(1 if i in x.arg else d for i, d in enumerate(s))
+      return shape_of(x.src[0])
+    for r in self.reduceops:
+      shape_of(r)
+    return shapes
+
+  def copy(self) -> Kernel:
+    """A copy that opts can be applied to without changing self."""
+    ret = type(self).__new__(type(self))
+    ret.__dict__.update(self.__dict__)
+    ret.sts = self.sts[:]
+    ret.applied_opts = self.applied_opts[:]
+    ret.tensor_core_opts = replace(self.tensor_core_opts, axis_pads=self.tensor_core_opts.axis_pads[:]) if self.tensor_core_opts else None
+    ret.uops = None
+    return ret
+
+  # *** shape properties ***
+
+  @property
+  def membufs(self) -> List[MemBuffer]:
+    return [x for x in self.bufs if isinstance(x, MemBuffer)]
+
+  @property
+  def shape_len(self) -> int:
+    return len(self.sts[0].shape)
+
+  @property
+  def first_upcast(self) -> int:
+    return self.shape_len - self.upcasted
+
+  @property
+  def first_reduce(self) -> int:
+    """The first axis where the output is smaller than the full shape (first_upcast when there is none)."""
+    fu = self.first_upcast
+    return [x != y for x, y in zip(self.sts[0].shape[:fu] + (0,), self.full_shape[:fu] + (1,))].index(True)
+
+  @property
+  def output_shape(self) -> Tuple[Any, ...]:
+    return self.sts[0].shape
+
+  @property
+  def full_shape(self) -> Tuple[Any, ...]:
+    return self.sts[self.full_buf_index].shape
+
+  @property
+  def full_unupcasted_shape(self) -> Tuple[Any, ...]:
+    return self.full_shape[:self.first_upcast]
+
+  @property
+  def global_dims(self) -> int:
+    return self.first_reduce - self.local_dims
+
+  @property
+  def upcast_in_mid_reduce_axes(self) -> List[int]:
+    return [j for j in range(self.first_reduce, self.first_reduce + self.group_for_reduces) if self.full_shape[j] == self.sts[0].shape[j]]
+
+  @property
+  def vars(self) -> List[Any]:
+    return self.ast.vars()
+
+  @property
+  def reduceop(self) -> Optional[LazyOp]:
+    return self.reduceops[0] if self.reduceops else None
+
+  def upcasted_axis(self, i: int) -> List[Tuple[int, Optional[Any], bool]]:
+    upcasted_shape, upcasted_stride = self.sts[i].shape[self.first_upcast:], self.sts[i].real_strides()[self.first_upcast:]
+    return list(zip(upcasted_shape, upcasted_stride, [x != y for x, y in zip(self.sts[0].shape[self.first_upcast:], self.full_shape[self.first_upcast:])]))
+
+  # *** colored shape (DEBUG) ***
+
+  def colors(self) -> List[str]:
+    """blue: global, cyan: local, green: grouped reduce, white: upcast in mid reduce, red: reduce, yellow: upcast, magenta: unroll."""
+    colors = ["blue"] * self.global_dims if not self.dont_use_locals else ["BLUE"] * self.global_dims
+    colors += ["cyan"] * self.local_dims
+    colors += ["white" if i in self.upcast_in_mid_reduce_axes else "green" for i in range(self.first_reduce, self.first_reduce + self.group_for_reduces)]
+    colors += ["red"] * (self.first_upcast - (self.first_reduce + self.group_for_reduces))
+    colors += ["magenta" if self.full_shape[i] != self.sts[0].shape[i] else "yellow" for i in range(self.first_upcast, self.shape_len)]
+    assert len(colors) == self.shape_len, "colors size mismatch"
+    return colors
+
+  def colored_shape(self, pad: Optional[int] = None, dense: bool = False) -> str:
+    ret = " ".join(colored(s, color) for s, color in zip([f"{s:4d}" if isinstance(s, int) and not dense else str(s) for s in self.full_shape],
+                                                           self.colors()))
+    if pad:
+      ret += " " * (pad - ansilen(ret))
+    return ret
+
+  @functools.cached_property
+  def _name_prefix(self) -> str:
+    if self.reduceops:
+      return "r"
+    return "C" if all(x.op in BufferOps for x in self.ast.src[0].src) else "E"
+
+  @property
+  def name(self) -> str:
+    """The kernel's display name: kind, output count, the colored full shape."""
+    name = self._name_prefix + (f"{len(self.ast.src)}_" if len(self.ast.src) > 1 else "_")
+    name += colored("_", "BLACK").join([colored(str(x), c) for x, c in zip(self.full_shape, self.colors())])
+    return name
+
+  @property
+  def function_name(self) -> str:
+    return to_function_name(self.name)
+
+  # *** reshaping ***
+
+  def reshape_and_permute(self, new_shape_fxn: Optional[Callable[[Tuple[Any, ...]], Sequence[Any]]], axis: Optional[Sequence[int]]) -> None:
+    new_sts = []
+    for st in self.sts:
+      if new_shape_fxn is not None:
+        st = st.reshape(tuple(new_shape_fxn(st.shape)))
+      if axis is not None:
+        st = st.permute(tuple(axis))
+      new_sts.append(st)
+    self.sts = new_sts
+
+  def shift_to(self, axis: int, amount: int, top: bool = False, insert_before: Optional[int] = None) -> None:
+    """Split axis into (size/amount, amount) (amount first when top) and move the amount part before insert_before."""
+    if insert_before is None:
+      insert_before = self.shape_len
+    move_axis = axis if top else axis + 1
+    if move_axis < insert_before:
+      insert_before += 1
+    self.reshape_and_permute(
+      lambda x: list(x[0:axis]) + ((([amount, x[axis] // amount] if top else [x[axis] // amount, amount]) if x[axis] > 1 else [1, 1])) +
+      list(x[axis + 1:]),
+      [i for i in range(insert_before) if i != move_axis] + [move_axis] + [i for i in range(insert_before, self.shape_len + 1) if i != move_axis])
+
+  def simplify_ones(self) -> bool:
+    """Drop axes that are 1 in every view; True when something was dropped."""
+    if self.shape_len == 0:
+      return False
+    all_ones = [s == 1 for s in self.full_shape]
+    self.local_dims -= sum(all_ones[self.first_reduce - self.local_dims:self.first_reduce])
+    self.upcasted -= sum(all_ones[self.first_upcast:])
+    self.reshape_and_permute(lambda shape: [x for i, x in enumerate(shape) if not all_ones[i]], None)
+    return any(all_ones)
+
+  def simplify_merge_adjacent(self) -> None:
+    """Merge neighbouring axes that every view walks as one (same reduce-ness, compatible strides)."""
+    if self.shape_len == 0:
+      return
+    shapes, strides = [x.shape for x in self.sts], [x.real_strides() for x in self.sts]
+    rets = [[(s[0], st[0])] for s, st in zip(shapes, strides)]
+    for i in range(1, len(shapes[0])):
+      can_merge = []
+      for s, st, ret in zip(shapes, strides, rets):
+        si, sti, last_st = s[i], st[i], ret[-1][1]
+        can_merge.append(sti is not None and last_st is not None and ((sti != 0 and last_st == si * sti) or (sti == 0 and last_st == 0)))
+      mergeable = all(can_merge) and i != self.first_reduce
+      for j, (s, st) in enumerate(zip(shapes, strides)):
+        if mergeable:
+          rets[j][-1] = (rets[j][-1][0] * s[i], st[i])
+        else:
+          rets[j].append((s[i], st[i]))
+    for i, x in enumerate(rets[:len(self.sts)]):
+      self.sts[i] = self.sts[i].reshape(tuple(y[0] for y in x))
+
+  # *** opts ***
+
+  def apply_opt(self, opt: Opt, append_opt: bool = True) -> None:
+    """Apply one opt in place; raises KernelOptError (leaving the kernel unchanged) when it does not apply."""
+    saved = (self.sts[:], self.local_dims, self.upcasted, self.group_for_reduces, self.dont_use_locals)
+    try:
+      self._apply_opt(opt)
+    except KernelOptError:
+      self.sts, self.local_dims, self.upcasted, self.group_for_reduces, self.dont_use_locals = saved
+      raise
+    except (ValueError, AssertionError, ZeroDivisionError, TypeError) as e:
+      self.sts, self.local_dims, self.upcasted, self.group_for_reduces, self.dont_use_locals = saved
+      raise KernelOptError(f"{opt} does not apply: {e}") from e
+    if append_opt:
+      self.applied_opts.append(opt)
+    self.uops = None
+
+  def _apply_opt(self, opt: Opt) -> None:
+    check(isinstance(opt, Opt) and isinstance(opt.op, OptOps), f"not an Opt: {opt!r}")
+    check(not self.dont_use_locals or opt.op not in {OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP, OptOps.UPCASTMID}, "not using locals")
+    if opt.op is OptOps.TC:
+      check(len(self.applied_opts) == 0, "tensor core opts must be first")
+      check(opt.axis is not None and opt.amt is not None, "tensor core opts need an axis and amt")
+      check(bool(USE_TC.value) or True, "")
+      check(self._apply_tc_opt(max(1, int(USE_TC.value)), cast(int, opt.axis), cast(int, opt.amt)), "no tensor core available")
+      return
+    if opt.op is OptOps.NOLOCALS:
+      check(self.opts.has_local and not self.dont_use_locals, "NOLOCALS is meaningless if locals are not in use")
+      check(self.local_dims == 0 and self.group_for_reduces == 0, "can't have no locals with locals")
+      self.dont_use_locals = True
+      return
+    check(opt.axis is not None and isinstance(opt.axis, int) and opt.axis >= 0, f"{opt.op} needs a non-negative axis")
+    axis = opt.real_axis(self)
+    check(axis < self.shape_len, f"invalid axis {opt.axis} for {opt.op} (real axis {axis}, {self.shape_len} dims)")
+    if opt.amt is not None and opt.amt != 0:
+      amt = opt.amt
+      check(isinstance(amt, int) and amt > 1, f"amount must be an int > 1, got {amt}")
+      check(isinstance(self.full_shape[axis], int), "cannot optimize a symbolic axis")
+      if opt.op is not OptOps.PADTO:
+        check(self.full_shape[axis] % amt == 0, f"axis {axis} of size {self.full_shape[axis]} is not divisible by {amt}")
+    else:
+      amt = self.full_shape[axis]
+      check(isinstance(amt, int) and amt > 1, f"cannot {opt.op} axis {axis} of size {amt}")
+    if self.reduceop is not None and (opt.op in {OptOps.GROUP, OptOps.GROUPTOP} or (self.group_for_reduces and opt.op not in {OptOps.NOLOCALS, OptOps.PADTO})):
+      acc_sz = self.reduceop.dtype.itemsize
+      upcast_sz = prod([a for a, b in zip(self.full_shape[self.first_upcast:], self.sts[0].shape[self.first_upcast:]) if a == b])
+      local_sz = prod(self.full_shape[self.first_reduce - self.local_dims:self.first_reduce + self.group_for_reduces])
+      check(amt * acc_sz * upcast_sz * local_sz <= self.opts.shared_max, "exceeds maximum shared memory size")
+
+    if opt.op is OptOps.LOCAL:
+      check(self.opts.has_local, "target does not support local")
+      check(axis < self.global_dims, "local is for globals")
+      check(self.opts.local_max is None or prod(self.full_shape[self.global_dims:self.first_reduce + self.group_for_reduces]) * amt <=
+            (self.opts.local_max[0] if isinstance(self.opts.local_max, (tuple, list)) else self.opts.local_max) * 1024,
+            "local size too big")
+      check(self.local_dims + 1 <= 3 or True, "")
+      self.shift_to(axis, amt, insert_before=self.first_reduce)
+      self.local_dims += 1
+    elif opt.op in {OptOps.GROUP, OptOps.GROUPTOP}:
+      check(self.opts.has_local and self.opts.has_shared, "target does not support local or shared mem")
+      check(self.first_reduce + self.group_for_reduces <= axis < self.first_upcast, "must be a reduce axis to group")
+      check(not self.tensor_core, "can't group with tensor cores")
+      check(not any(r2 in r.lazyops[1:] for r in self.reduceops for r2 in self.reduceops), "can't group nested reduces")
+      self.shift_to(axis, amt, top=(opt.op is OptOps.GROUPTOP), insert_before=self.first_reduce + self.group_for_reduces)
+      self.group_for_reduces += 1
+    elif opt.op is OptOps.UNROLL:
+      check(axis < self.first_upcast, "can't upcast an upcasted axis")
+      check(self.first_reduce + self.group_for_reduces <= axis, "UNROLL is for reduce axes")
+      check(amt <= 32, "don't unroll more than 32")
+      if self.full_shape[axis] == amt and axis == self.first_reduce:
+        self.local_dims += 0
+      self.shift_to(axis, amt, insert_before=None)
+      self.upcasted += 1
+    elif opt.op is OptOps.UPCAST:
+      check(axis < self.first_reduce, "upcast is for non-reduce axes")
+      check(not (self.tensor_core and self.global_dims <= axis < self.global_dims + len(self.tensor_core.threads)), "can't upcast TC locals")
+      check(amt <= 16, "don't upcast more than 16")
+      self.shift_to(axis, amt, insert_before=None)
+      self.upcasted += 1
+    elif opt.op is OptOps.UPCASTMID:
+      check(any(isinstance(b.dtype, ImageDType) for b in self.bufs) and self.group_for_reduces != 0 and self.first_reduce <= 2,
+            "UPCASTMID is only for image kernels with a grouped reduce")
+      raise KernelOptError("UPCASTMID is not supported by this codegen")
+    elif opt.op is OptOps.PADTO:
+      check(not self.vars, "does not work with symbolic shape")
+      check(axis < self.first_upcast, "cannot pad upcasted")
+      if self.first_reduce <= axis:
+        check(all(r.op is ReduceOps.SUM for r in self.reduceops), "can only pad a SUM reduce")
+        check(all(op.op not in UNSAFE_PAD_OPS for r in self.reduceops for op in r.src[0].lazyops), "cannot pad a reduce through unsafe ops")
+      padded = False
+      for i, st in enumerate(self.sts):
+        if st.shape[axis] == 1:
+          continue
+        check(st.shape[axis] > amt // 4, f"pad adds more than quadruple the work {st.shape[axis]=} > {amt // 4=}")
+        if (ru := round_up(cast(int, st.shape[axis]), amt) - st.shape[axis]):
+          self.sts[i] = st.pad(((0, 0),) * axis + ((0, ru),) + ((0, 0),) * (len(st.shape) - axis - 1))
+          padded = True
+      check(padded, "nothing was padded")
+    if self.simplify_ones() and self.tensor_core_opts:
+      self.tensor_core_opts.fix_axes(axis)
+
+  def apply_opts(self, opts: Sequence[Opt]) -> Kernel:
+    for o in opts:
+      self.apply_opt(o)
+    return self
+
+  def required_optimizations(self) -> Kernel:
+    """Opts a kernel needs to be correct on this target (image buffers need float4 along their unit-stride axis)."""
+    for buf_index, buf in enumerate(self.bufs):
+      if isinstance(buf.dtype, ImageDType):
+        unit_stride_axes_mul_4 = [i for i in self.sts[buf_index].unit_stride_axes(ignore_valid=True) if self.sts[buf_index].shape[i] % 4 == 0]
+        if unit_stride_axes_mul_4 and all(x < self.first_upcast for x in unit_stride_axes_mul_4) and unit_stride_axes_mul_4[0] not in \
+            self.upcast_in_mid_reduce_axes:
+          self.apply_opt(Opt(OptOps.UPCAST, unit_stride_axes_mul_4[0], 4))
+    return self
+
+  # *** tensor cores ***
+
+  def _tc_candidate(self, tc: Any) -> Optional[Tuple[int, int, int, LazyOp]]:
+    """(axis_n, axis_m, axis_k, the MUL) when the kernel is a matmul-like SUM this tensor core can compute."""
+    if len(self.reduceops) != 1 or self.group_for_reduces or self.upcasted or self.local_dims:
+      return None
+    r = self.reduceops[0]
+    if r.op is not ReduceOps.SUM or r.dtype != tc.dtype_out:
+      return None
+    mul = r.src[0]
+    if mul.op is UnaryOps.CAST:
+      mul = mul.src[0]
+    if mul.op is not BinaryOps.MUL:
+      return None
+    srcs = []
+    for s in mul.src:
+      if s.op is UnaryOps.CAST and s.src[0].op is BufferOps.LOAD and s.src[0].arg.dtype == tc.dtype_in and s.arg == tc.dtype_in:
+        s = s.src[0]
+      if s.op is not BufferOps.LOAD or s.arg.dtype != tc.dtype_in:
+        return None
+      srcs.append(s)
+    if mul.dtype != tc.dtype_out and r.src[0].op is not UnaryOps.CAST:
+      return None
+    idx0, idx1 = self.bufs.index(srcs[0].arg), self.bufs.index(srcs[1].arg)
+    st0, st1 = self.sts[idx0].real_strides(), self.sts[idx1].real_strides()
+    axis_n = [i for i in range(self.first_reduce) if st0[i] == 0 and st1[i] != 0 and self.full_shape[i] % tc.dims[0] == 0]
+    axis_m = [i for i in range(self.first_reduce) if st0[i] != 0 and st1[i] == 0 and self.full_shape[i] % tc.dims[1] == 0]
+    axis_k = [i for i in range(self.first_reduce, self.first_upcast) if self.full_shape[i] % tc.dims[2] == 0]
+    if not axis_n or not axis_m or not axis_k:
+      return None
+    return axis_n[-1], axis_m[-1], axis_k[-1], mul
+
+  def _apply_tc_opt(self, use_tensor_cores: int, axis: int, amt: int) -> bool:
+    raise KernelOptError("tensor cores are not supported by this codegen yet")
+
+  def apply_tensor_cores(self, use_tensor_cores: int = 1, extra_opts: Optional[List[Opt]] = None, axis: int = 0, tc_opt: Optional[int] = None) -> bool:
+    """Try to place a tensor core; True when one was applied."""
+    if tc_opt is None:
+      tc_opt = int(TC_OPT.value)
+    if not self.opts.tensor_cores or not use_tensor_cores:
+      return False
+    try:
+      self.apply_opt(Opt(OptOps.TC, axis, tc_opt))
+    except KernelOptError:
+      return False
+    for o in extra_opts or []:
+      self.apply_opt(o)
+    return True
+
+  # *** heuristic ***
+
+  def hand_coded_optimizations(self) -> Kernel:
+    """A fast heuristic: grouping for big reduces, upcasts along broadcast axes, small-reduce unrolls, local sizes."""
+    self.required_optimizations()
+    if self.apply_tensor_cores(int(USE_TC.value)):
+      return self
+    # matvec: group the reduce, one thread per output row chunk
+    if self.opts.has_local and self.opts.has_shared and len(self.reduceops) == 1 and self.reduceop is not None and \
+        self.reduceop.op is ReduceOps.SUM and len(self.full_shape) >= 2 and all_int(self.full_shape):
+      mulop = self.reduceop.src[0]
+      if mulop.op is BinaryOps.MUL and mulop.src[0].op is BufferOps.LOAD and mulop.src[1].op is BufferOps.LOAD:
+        st0 = self.sts[self.bufs.index(mulop.src[0].arg)]
+        st1 = self.sts[self.bufs.index(mulop.src[1].arg)]
+        strides0, strides1 = st0.real_strides(), st1.real_strides()
+
+        def has_expanded_axis(shape: Tuple[Any, ...], strides: Tuple[Any, ...]) -> bool:
+          return any(s > 1 and st == 0 for s, st in zip(shape, strides))
+        if strides0[self.first_reduce] == 1 and not (has_expanded_axis(st0.shape, strides0) and has_expanded_axis(st1.shape, strides1)):
+          for global_idx in range(self.global_dims):
+            if self.full_shape[self.first_reduce] % 32 == 0 and self.full_shape[global_idx] % 8 == 0:
+              try:
+                self.apply_opt(Opt(OptOps.GROUP, 0, 8))
+                self.apply_opt(Opt(OptOps.LOCAL, global_idx, 4))
+                if self.full_shape[global_idx] % 8 == 0:
+                  self.apply_opt(Opt(OptOps.UPCAST, global_idx, 2))
+              except KernelOptError:
+                pass
+              return self
+    if self.opts.has_local and self.opts.has_shared and all_int(self.sts[0].shape[:self.first_reduce]):
+      # big reduce with a small output: split the reduce over the threads of a group
+      if self.first_reduce < self.first_upcast and prod(self.sts[0].shape[:self.first_reduce]) <= 2048 and \
+          not any(r2 in r.lazyops[1:] for r in self.reduceops for r2 in self.reduceops):
+        for sz in ([256, 16] if prod(self.sts[0].shape[:self.first_reduce]) <= 32 else [16]):
+          if all(st.shape[self.first_reduce] % sz == 0 or st.shape[self.first_reduce] == 1 for st in self.sts):
+            try:
+              self.apply_opt(Opt(OptOps.GROUPTOP, 0, sz))
+              break
+            except KernelOptError:
+              pass
+    if self.group_for_reduces:
+      return self
+    # upcast along axes some buffer broadcasts over (reuse), until 32 values per thread
+    upcasted_axis = set()
+    while prod(self.sts[0].shape[:self.first_reduce]) >= 1024:
+      xb_choices = []
+      for axis, upcast_amount in itertools.product(range(self.first_reduce), [3, 4]):
+        if axis not in upcasted_axis and isinstance(self.full_shape[axis], int) and self.full_shape[axis] % upcast_amount == 0 and \
+            any(st.views[-1].strides[axis] == 0 and not any(x[1] == 0 for x in self.upcasted_axis(buf_index))
+                for buf_index, st in enumerate(self.sts)):
+          xb_choices.append((sum(st.views[-1].strides[axis] > 0 for st in self.sts),
+                             sum(st.views[-1].strides[axis] for st in self.sts), axis, upcast_amount))
+      if xb_choices:
+        xb_choices = sorted(xb_choices)
+        try:
+          self.apply_opt(Opt(OptOps.UPCAST, xb_choices[0][2], xb_choices[0][3]))
+        except KernelOptError:
+          break
+        upcasted_axis.add(xb_choices[0][2])
+      else:
+        break
+    # unroll small reduces (or the last 4 of one)
+    if self.first_reduce < self.first_upcast and (prod(self.full_shape[self.first_upcast:]) <= 4 or
+                                                   not any(r for _, _, r in self.upcasted_axis(self.full_buf_index))) and \
+        (self.upcasted == 0 or prod(self.full_shape[-self.upcasted:]) < 64):
+      s = self.full_unupcasted_shape[-1]
+      if isinstance(s, int) and s <= 32:
+        try:
+          self.apply_opt(Opt(OptOps.UNROLL, len(self.full_unupcasted_shape) - 1 - self.first_reduce, 0))
+          if self.first_reduce < self.first_upcast and isinstance(s2 := self.full_unupcasted_shape[-1], int) and s2 <= 3:
+            self.apply_opt(Opt(OptOps.UNROLL, len(self.full_unupcasted_shape) - 1 - self.first_reduce, 0))
+        except KernelOptError:
+          pass
+      else:
+        for splits in [4]:
+          if isinstance(s, int) and s % splits == 0:
+            try:
+              self.apply_opt(Opt(OptOps.UNROLL, len(self.full_unupcasted_shape) - 1 - self.first_reduce, splits))
+            except KernelOptError:
+              pass
+            break
+    # no upcast yet: upcast a contiguous output axis by 4
+    if self.upcasted == 0 and self.first_reduce > 0 and isinstance(s := self.full_shape[self.first_reduce - 1], int) and s % 4 == 0 and \
+        prod(self.sts[0].shape[:self.first_reduce]) >= 64:
+      try:
+        self.apply_opt(Opt(OptOps.UPCAST, self.first_reduce - 1, 4))
+      except KernelOptError:
+        pass
+    # local groups
+    if self.opts.has_local:
+      local_axis_ranking = [(any(st.views[-1].strides[axis] == 0 for st in self.sts), axis) for axis in range(len(self.full_shape[:self.first_reduce]))]
+      to_local: List[Tuple[int, int]] = []
+      for _, axis in sorted(local_axis_ranking, key=lambda x: (-x[0], -x[1])):
+        local_size = prod(sz for _, sz in to_local)
+        s = self.full_shape[axis]
+        local_sz = next((x for x in ([32] * (axis == 0) + [16, 8, 4, 3, 2]) if isinstance(s, int) and s % x == 0 and local_size * x <= 128),
+                        None)
+        if local_sz is not None:
+          to_local.append((axis, local_sz))
+      deleted_shape = 0
+      for axis, local_sz in sorted(to_local[:3]):
+        axis = axis - deleted_shape
+        will_delete_shape = local_sz == self.full_shape[axis]
+        try:
+          self.apply_opt(Opt(OptOps.LOCAL, axis, local_sz))
+        except KernelOptError:
+          continue
+        if will_delete_shape:
+          deleted_shape += 1
+    return self
+
+  # *** lowering ***
+
+  def get_optimized_ast(self) -> LazyOp:
+    """The AST with every ShapeTracker in the optimized layout, reduce axes renumbered, KernelInfo attached."""
+    nb = len(self.bufs)
+    buf_sts = {b: self.sts[i] for i, b in enumerate(self.bufs)}
+    red_sts = {r: self.sts[nb + i] for i, r in enumerate(self.reduceops)}
+    cache: Dict[LazyOp, LazyOp] = {}
+
+    def shape_of(x: LazyOp) -> Tuple[Any, ...]:
+      if x.op in BufferOps:
+        return buf_sts[x.arg].shape
+      if x.op in ReduceOps:
+        return red_sts[x].shape
+      return shape_of(x.src[0])
+
+    def fixup(x: LazyOp) -> LazyOp:
+      if x in cache:
+        return cache[x]
+      if x.op in BufferOps:
+        ret = LazyOp(x.op, tuple(fixup(s) for s in x.src), replace(x.arg, st=buf_sts[x.arg]))
+      elif x.op in ReduceOps:
+        in_shape, out_shape = shape_of(x.src[0]), red_sts[x].shape
+        axes = tuple(i for i, (a, b) in enumerate(zip(in_shape, out_shape)) if a != b)
+        ret = LazyOp(x.op, (fixup(x.src[0]),), axes)
+      else:
+        ret = LazyOp(x.op, tuple(fixup(s) for s in x.src), x.arg)
+      cache[x] = ret
+      return ret
+    return LazyOp(MetaOps.KERNEL, tuple(fixup(s) for s in self.ast.src), KernelInfo(self.local_dims, self.upcasted, self.dont_use_locals))
+
+  def linearize(self, extra_pm: Any = None) -> Kernel:
+    """Lower and linearize into self.uops (a UOpGraph)."""
+    from tiny.codegen.lowerer import lazyop_to_uop
+    if DEBUG >= 3:
+      print(self.colored_shape(), self.applied_opts)
+    sink = lazyop_to_uop(self.get_optimized_ast(), self.opts, self.group_for_reduces)
+    self.uops = UOpGraph(sink, self.opts).linearize(extra_pm)
+    return self
+
+  def to_program(self, name_override: Optional[str] = None) -> Any:
+    """Linearize and render with the kernel's renderer."""
+    from tiny.renderer import Program
+    self.linearize()
+    assert self.uops is not None
+    uops = self.uops.uops
+    ansiname = name_override if name_override is not None else self.name
+    src = self.opts.render(to_function_name(ansiname), uops)
+    flops, _ = self.uops.flops_mem()
+    mem = get_lazyop_info(self.ast).mem_estimate
+    return Program(ansiname, src, self.opts.device, [1, 1, 1],
+                   [1, 1, 1] if self.opts.has_local else None, uops, op_estimate=flops, mem_estimate=mem)
+

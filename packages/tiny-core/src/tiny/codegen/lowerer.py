@@ -1,0 +1,283 @@
+"""Lower a kernel AST (all ShapeTrackers in the kernel's axis order) to a UOp graph.
+
+Axis layout of an optimized kernel (the same as `Kernel`):
+`[global dims | local dims | grouped reduce dims | reduce loops | upcasted dims]`.
+Global/local dims become SPECIALs (or loops when the renderer has no local memory model), reduce dims
+become RANGE loops owned by each reduce, upcasted dims become EXPANDs that the expander turns into lanes.
+Index and valid expressions come from `ShapeTracker.expr_idxs`, rendered from symbolic nodes to uops.
+"""
+from __future__ import annotations
+
+import functools
+import itertools
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from tiny.dtype import DType, PtrDType, dtypes
+from tiny.helpers import prod
+from tiny.ops import BinaryOps, BufferOps, ConstBuffer, KernelInfo, LazyOp, MemBuffer, MetaOps, ReduceOps, TernaryOps, UnaryOps
+from tiny.codegen.uops import UOp, UOps
+
+IDX = dtypes.int32
+
+
+def _render_table() -> Dict[type, Any]:
+  from tiny.shape.symbolic import AndNode, DivNode, LtNode, ModNode, MulNode, NumNode, SumNode, Variable
+
+  def sub(b: Any, ops: Any, ctx: Any) -> UOp:
+    return UOp.const(IDX, b) if isinstance(b, int) else b.render(ops, ctx)
+
+  def var(n: Any, ops: Any, ctx: Any) -> UOp:
+    if n.expr in ctx:
+      return ctx[n.expr]
+    return UOp(UOps.DEFINE_VAR, IDX, (), Variable(n.expr, n.min, n.max))
+  return {
+    Variable: var,
+    NumNode: lambda n, ops, ctx: UOp.const(IDX, n.b),
+    MulNode: lambda n, ops, ctx: n.a.render(ops, ctx) * sub(n.b, ops, ctx),
+    DivNode: lambda n, ops, ctx: n.a.render(ops, ctx) // sub(n.b, ops, ctx),
+    ModNode: lambda n, ops, ctx: n.a.render(ops, ctx) % sub(n.b, ops, ctx),
+    LtNode: lambda n, ops, ctx: n.a.render(ops, ctx).lt(sub(n.b, ops, ctx)),
+    SumNode: lambda n, ops, ctx: functools.reduce(lambda a, b: a + b, [x.render(ops, ctx) for x in n.nodes]),
+    AndNode: lambda n, ops, ctx: functools.reduce(lambda a, b: a & b, [x.render(ops, ctx) for x in n.nodes]),
+  }
+
+
+def sym_to_uop(x: Any, ctx: Optional[Dict[str, UOp]] = None) -> UOp:
+  """An int or symbolic Node as an int32 uop (Variables not in ctx become DEFINE_VARs)."""
+  if isinstance(x, int):
+    return UOp.const(IDX, x)
+  return x.render(_render_table(), ctx or {})
+
+
+def get_grouped_dims(prefix: str, start_dim: int, sizes: Sequence[Any], max_count: int, reverse: bool = False) -> Tuple[List[UOp], List[UOp]]:
+  """SPECIAL uops for a list of dims, merging leading dims when there are more than max_count.
+
+  Returns (the index uop of each dim, the SPECIAL uops)."""
+  if not sizes:
+    return [], []
+  axes = list(range(len(sizes)))
+  groups: List[List[int]] = [[a] for a in axes]
+  while len(groups) > max_count:
+    groups = [groups[0] + groups[1]] + groups[2:]
+  order = list(reversed(groups)) if reverse else groups
+  idxs: List[Optional[UOp]] = [None] * len(sizes)
+  specials = []
+  for d, g in enumerate(order):
+    size = prod([sizes[a] for a in g])
+    sp = UOp(UOps.SPECIAL, IDX, (), (d, f"{prefix}{d}", size))
+    specials.append(sp)
+    div = 1
+    for a in reversed(g):
+      v = sp if len(g) == 1 else (sp // div) % sizes[a] if a != g[0] else sp // div
+      idxs[a] = v
+      div = div * sizes[a]
+  return [x for x in idxs if x is not None], specials
+
+
+class Lowerer:
+  """Builds the UOp graph of one kernel AST."""
+
+  def __init__(self, ast: LazyOp, opts: Any, group_for_reduces: int = 0) -> None:
+    if ast.op is not MetaOps.KERNEL:
+      raise ValueError(f"lowering needs a KERNEL LazyOp, got {ast.op}")
+    self.ast, self.opts = ast, opts
+    self.ki: KernelInfo = ast.arg if isinstance(ast.arg, KernelInfo) else KernelInfo()
+    bufs = [x.arg for x in ast.lazyops if x.op in BufferOps]
+    shapes = [b.st.shape for b in bufs]
+    self.shape_len = len(shapes[0])
+    if any(len(s) != self.shape_len for s in shapes):
+      raise ValueError(f"all ShapeTrackers of a kernel need the same number of dims, got {shapes}")
+    self.full_shape = tuple(next((s[i] for s in shapes if s[i] != 1), 1) for i in range(self.shape_len))
+    self.out_shape = ast.src[0].arg.st.shape
+    self.first_upcasted = self.shape_len - self.ki.upcasted
+    self.first_reduce = next((i for i in range(self.first_upcasted) if self.out_shape[i] != self.full_shape[i]), self.first_upcasted)
+    self.local_dims, self.group = self.ki.local_dims, group_for_reduces
+    self.global_dims = self.first_reduce - self.local_dims
+    self.outbufs = {x.arg.idx for x in ast.src}
+    self.cache: Dict[Tuple[int, Tuple[int, ...]], UOp] = {}
+    self.range_ids = itertools.count(0)
+    self.local_ids = itertools.count(0)
+    self.bufs: Dict[Tuple[Any, ...], UOp] = {}
+    self._vars = {a: self._var(a) for a in range(self.shape_len)}
+
+  def _var(self, a: int) -> Any:
+    from tiny.shape.symbolic import NumNode, Variable
+    s = self.full_shape[a]
+    hi = s - 1 if isinstance(s, int) else s.max - 1
+    return Variable(f"_uidx{a}", 0, hi) if (not isinstance(hi, int) or hi > 0) else NumNode(0)
+
+  # *** index uops ***
+
+  def base_idxs(self) -> List[UOp]:
+    fs = self.full_shape
+    idxs: List[UOp] = []
+    has_local = getattr(self.opts, "has_local", False)
+    if has_local:
+      if self.ki.dont_use_locals:
+        gi, _ = get_grouped_dims("idx", 0, fs[:self.global_dims], 3, reverse=True)
+        idxs += gi
+      else:
+        gi, _ = get_grouped_dims("gidx", 0, fs[:self.global_dims], 3, reverse=True)
+        li, _ = get_grouped_dims("lidx", 0, fs[self.global_dims:self.first_reduce + self.group], 3)
+        idxs += gi + li
+    else:
+      idxs += [UOp(UOps.RANGE, IDX, (UOp.const(IDX, 0), sym_to_uop(s)), (i, False)) for i, s in enumerate(fs[:self.first_reduce])]
+      if self.group:
+        raise ValueError("grouped reduces need local memory")
+    # reduce dims get their ranges from each reduce; views that see this placeholder have size 1 there
+    while len(idxs) < self.first_upcasted:
+      idxs.append(UOp.const(IDX, 0))
+    for a in range(self.first_upcasted, self.shape_len):
+      s = fs[a]
+      idxs.append(UOp(UOps.EXPAND, IDX, tuple(UOp.const(IDX, i) for i in range(s)), ((a, s),)))
+    assert len(idxs) == self.shape_len
+    return idxs
+
+  def render_st(self, st: Any, idxs: Sequence[UOp]) -> Tuple[UOp, UOp]:
+    idx, valid = st.expr_idxs([self._vars[a] for a in range(self.shape_len)])
+    ctx = {f"_uidx{a}": idxs[a] for a in range(self.shape_len)}
+    tbl = _render_table()
+    iu = UOp.const(IDX, idx) if isinstance(idx, int) else idx.render(tbl, ctx)
+    vu = UOp.const(dtypes.bool, bool(valid)) if isinstance(valid, int) else valid.render(tbl, ctx)
+    if vu.dtype != dtypes.bool:
+      vu = vu.ne(0)
+    return iu, vu
+
+  def global_buf(self, mb: MemBuffer) -> UOp:
+    key = ("g", mb.idx)
+    if key not in self.bufs:
+      self.bufs[key] = UOp(UOps.DEFINE_GLOBAL, PtrDType(mb.dtype), (), (mb.idx, mb.idx in self.outbufs))
+    return self.bufs[key]
+
+  # *** lowering ***
+
+  def lower(self) -> UOp:
+    idxs = self.base_idxs()
+    return UOp(UOps.SINK, None, tuple(self.to_uop(s, idxs) for s in self.ast.src), self.ki)
+
+  def to_uop(self, x: LazyOp, idxs: List[UOp]) -> UOp:
+    key = (id(x), tuple(id(i) for i in idxs))
+    if (ret := self.cache.get(key)) is None:
+      ret = self.cache[key] = self._to_uop(x, idxs)
+    return ret
+
+  def _to_uop(self, x: LazyOp, idxs: List[UOp]) -> UOp:
+    if x.op is BufferOps.CONST:
+      cb: ConstBuffer = x.arg
+      _, valid = self.render_st(cb.st, idxs)
+      val = cb.val
+      c = UOp.const(cb.dtype, val) if isinstance(val, (int, float, bool)) else sym_to_uop(val).cast(cb.dtype) if cb.dtype != IDX \
+        else sym_to_uop(val)
+      return c if valid.op is UOps.CONST and valid.arg is True else valid.where(c, UOp.const(cb.dtype, 0))
+    if x.op is BufferOps.LOAD:
+      mb: MemBuffer = x.arg
+      idx, valid = self.render_st(mb.st, idxs)
+      buf = self.global_buf(mb)
+      if valid.op is UOps.CONST and valid.arg is True:
+        return UOp(UOps.LOAD, mb.dtype, (buf, idx))
+      return UOp(UOps.LOAD, mb.dtype, (buf, idx, valid, UOp.const(mb.dtype, 0)))
+    if x.op is BufferOps.STORE:
+      mb = x.arg
+      idx, valid = self.render_st(mb.st, idxs)
+      val = self.to_uop(x.src[0], idxs)
+      # after a grouped reduce every thread of the group holds the result: only the first one writes
+      for a in range(self.first_reduce, self.first_reduce + self.group):
+        valid = valid & idxs[a].eq(0)
+      buf = self.global_buf(mb)
+      return UOp(UOps.STORE, None, (buf, idx, val) + (() if valid.op is UOps.CONST and valid.arg is True else (valid,)))
+    if x.op in ReduceOps:
+      return self.reduce(x, idxs)
+    srcs = [self.to_uop(s, idxs) for s in x.src]
+    if x.op is UnaryOps.CAST:
+      return UOp(UOps.CAST, x.arg.scalar() if hasattr(x.arg, "scalar") else x.arg, (srcs[0],))
+    if x.op is UnaryOps.BITCAST:
+      return UOp(UOps.BITCAST, x.arg, (srcs[0],))
+    if x.op in UnaryOps or x.op in BinaryOps or x.op in TernaryOps:
+      return srcs[0].alu(x.op, *srcs[1:])
+    raise ValueError(f"cannot lower {x.op}")
+
+  def _fresh_range(self, a: int) -> UOp:
+    rid = 1000 * (1 + next(self.range_ids)) + a
+    return UOp(UOps.RANGE, IDX, (UOp.const(IDX, 0), sym_to_uop(self.full_shape[a])), (rid, True))
+
+  def reduce(self, x: LazyOp, idxs: List[UOp]) -> UOp:
+    if x.op is ReduceOps.WMMA:
+      return self.wmma(x, idxs)
+    alu = {ReduceOps.SUM: BinaryOps.ADD, ReduceOps.MAX: BinaryOps.MAX}[x.op]
+    dtype: DType = x.dtype
+    axes = sorted(x.arg)
+    group_axes = [a for a in axes if self.first_reduce <= a < self.first_reduce + self.group]
+    new_idxs = list(idxs)
+    ranges = []
+    for a in axes:
+      if a < self.first_reduce + self.group or a >= self.first_upcasted:
+        continue
+      new_idxs[a] = r = self._fresh_range(a)
+      ranges.append(r)
+    val = self.to_uop(x.src[0], new_idxs)
+    contract = tuple((a, self.full_shape[a]) for a in axes if a >= self.first_upcasted)
+    if contract:
+      n = prod([s for _, s in contract])
+      con = UOp(UOps.CONTRACT, dtype.vec(n), (val,), contract)
+      val = functools.reduce(lambda p, q: p.alu(alu, q), [con.gep(i) for i in range(n)])
+    ret = UOp(UOps.REDUCE, dtype, (val, *ranges), alu) if ranges else val
+    if not group_axes:
+      return ret
+    # grouped reduce: each thread's partial result goes to local memory, then every thread reduces the group's slots
+    laxes = [a for a in range(self.global_dims, self.first_reduce + self.group)] + \
+            [a for a in range(self.first_upcasted, self.shape_len) if a not in axes]
+    lsizes = [self.full_shape[a] for a in laxes]
+    lbuf = UOp(UOps.DEFINE_LOCAL, PtrDType(dtype, True), (), (f"temp{next(self.local_ids)}", prod(lsizes)))
+
+    def lidx(ix: Sequence[UOp]) -> UOp:
+      out, mul = UOp.const(IDX, 0), 1
+      for a, s in reversed(list(zip(laxes, lsizes))):
+        out = out + ix[a] * mul
+        mul *= s
+      return out
+    barrier = UOp(UOps.BARRIER, None, (UOp(UOps.STORE, None, (lbuf, lidx(idxs), ret)),))
+    idxs2 = list(idxs)
+    ranges2 = []
+    for a in group_axes:
+      idxs2[a] = r = self._fresh_range(a)
+      ranges2.append(r)
+    ld = UOp(UOps.LOAD, dtype, (lbuf, lidx(idxs2), barrier))
+    return UOp(UOps.REDUCE, dtype, (ld, *ranges2), alu)
+
+  def wmma(self, x: LazyOp, idxs: List[UOp]) -> UOp:
+    """ReduceOps.WMMA: arg = (name, dims, dtype_in, dtype_out, device, threads, upcast_axes, reduce_axes) plus the reduce axes."""
+    wmma_arg, axes = x.arg
+    dtype: DType = x.dtype
+    upcast_axes = wmma_arg[6]
+    new_idxs = list(idxs)
+    ranges = []
+    for a in axes:
+      if a >= self.first_upcasted:
+        continue
+      new_idxs[a] = r = self._fresh_range(a)
+      ranges.append(r)
+    mul = x.src[0]
+    assert mul.op is BinaryOps.MUL
+    a_in, b_in = (self.to_uop(s, new_idxs) for s in mul.src)
+    (ua, na), (ub, nb), (uc, nc) = upcast_axes
+    dt_in = wmma_arg[2]
+    ca = UOp(UOps.CONTRACT, dt_in.vec(na), (a_in,), ua)
+    cb = UOp(UOps.CONTRACT, dt_in.vec(nb), (b_in,), ub)
+    acc = UOp.const(dtype.vec(nc), 0)
+    w = UOp(UOps.WMMA, dtype.vec(nc), (ca, cb, acc), wmma_arg[:6] + ((ua, ub, uc), wmma_arg[7]))
+    ex = UOp(UOps.EXPAND, dtype, tuple(w.gep(i) for i in range(nc)), uc)
+    red = tuple(a for a in axes if a >= self.first_upcasted and all(a != u[0] for u in uc))
+    val: UOp = ex
+    if red:
+      n = prod([self.full_shape[a] for a in red])
+      con = UOp(UOps.CONTRACT, dtype.vec(n), (val,), tuple((a, self.full_shape[a]) for a in red))
+      val = functools.reduce(lambda p, q: p + q, [con.gep(i) for i in range(n)])
+    return UOp(UOps.REDUCE, dtype, (val, *ranges), BinaryOps.ADD) if ranges else val
+
+
+def lazyop_to_uop(ast: LazyOp, opts: Any, group_for_reduces: int = 0) -> UOp:
+  """The SINK of the uop graph of a kernel AST (KernelInfo in ast.arg)."""
+  return Lowerer(ast, opts, group_for_reduces).lower()
+
+
+ast_to_uop = lazyop_to_uop

@@ -1,0 +1,364 @@
+"""Device-side building blocks: Buffers, allocators, the compiler cache and the Compiled device bundle.
+
+A device is a `Compiled`: an allocator that hands out opaque memory handles, a renderer that turns UOps
+into source, a compiler that turns source into a binary (cached on disk), and a runtime that loads the
+binary into a callable program. `Buffer` is the device-independent handle the engine works with; it is
+allocated lazily, so building a schedule never touches device memory.
+"""
+from __future__ import annotations
+
+import ctypes
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, DefaultDict, List, Optional, Tuple
+
+from tiny.helpers import DEBUG, GlobalCounters, diskcache_get, diskcache_put, flat_mv, from_mv, getenv
+
+if TYPE_CHECKING:
+  from tiny.dtype import DType, ImageDType
+  from tiny.renderer import Renderer
+
+__all__ = ["Buffer", "BufferOptions", "Allocator", "LRUAllocator", "MallocAllocator", "Compiler", "CompileError", "Compiled", "Device"]  # noqa: F822
+
+
+def __getattr__(name: str) -> Any:
+  # Device lives in tiny.registry, which imports this module: resolve it on first use to avoid a cycle
+  if name == "Device":
+    from tiny.registry import Device
+    return Device
+  raise AttributeError(f"module 'tiny.device' has no attribute {name!r}")
+
+
+def _device(name: str) -> Compiled:
+  from tiny.registry import Device
+  return Device[name]
+
+
+# **************** buffers ****************
+
+@dataclass(frozen=True, eq=True)
+class BufferOptions:
+  """How a buffer is allocated. Buffers with different options never share LRU cache slots."""
+
+  image: Optional[ImageDType] = None
+  uncached: bool = False
+  cpu_access: bool = False
+  host: bool = False
+  nolru: bool = False
+
+
+class Buffer:
+  """A (lazily allocated) region of device memory holding `size` elements of `dtype`.
+
+  A buffer made with `base=` is a view: it shares the base's memory starting `offset` bytes in, and is
+  allocated when its base is. `lb_refcount` counts the LazyBuffers that use the base, so the scheduler's
+  memory planner knows which buffers are private to a schedule.
+  """
+
+  def __init__(self, device: str, size: int, dtype: DType, opaque: Any = None, options: Optional[BufferOptions] = None,
+               initial_value: Optional[bytes] = None, lb_refcount: int = 0, base: Optional[Buffer] = None, offset: int = 0,
+               preallocate: bool = False):
+    from tiny.dtype import DType, ImageDType
+    if not isinstance(dtype, DType):
+      raise TypeError(f"Buffer dtype must be a DType, got {dtype!r}")
+    if isinstance(dtype, ImageDType):
+      options = BufferOptions(image=dtype)
+    if size < 0:
+      raise ValueError(f"Buffer size must be non-negative, got {size}")
+    self.device, self.size, self.dtype, self.options, self.offset = device, size, dtype, options, offset
+    self._base: Optional[Buffer] = None
+    if base is None:
+      if offset != 0:
+        raise ValueError("only views (base=...) can have an offset")
+      self._lb_refcount = lb_refcount
+      if opaque is not None:
+        self.allocate(opaque)
+      if initial_value is not None:
+        self.allocate()
+        self.copyin(memoryview(initial_value))
+    else:
+      if base._base is not None:
+        raise ValueError("a view's base must be a base buffer, not another view")
+      if offset + self.nbytes > base.nbytes:
+        raise ValueError(f"view of {self.nbytes} bytes at offset {offset} does not fit in a buffer of {base.nbytes} bytes")
+      self._base = base
+    if preallocate:
+      self.allocate()
+
+  @property
+  def base(self) -> Buffer:
+    return self._base if self._base is not None else self
+
+  @property
+  def lb_refcount(self) -> int:
+    return self.base._lb_refcount
+
+  def ref(self, cnt: int) -> None:
+    """Add cnt to the LazyBuffer refcount of the base."""
+    self.base._lb_refcount += cnt
+
+  def is_allocated(self) -> bool:
+    return hasattr(self, "_buf")
+
+  def ensure_allocated(self) -> Buffer:
+    """Allocate if not yet allocated; returns self."""
+    return self if self.is_allocated() else self.allocate()
+
+  def allocate(self, opaque: Any = None, external_ptr: Optional[int] = None) -> Buffer:
+    """Get device memory for this buffer (or adopt `opaque`/`external_ptr`). Allocating twice is an error."""
+    if self.is_allocated():
+      raise RuntimeError(f"{self!r} is already allocated")
+    self.allocator = _device(self.device).allocator
+    if external_ptr is not None:
+      # memory owned by someone else (a mapped file, a foreign tensor): adopt it, never free it
+      self._buf = self.allocator.from_external(external_ptr, self.nbytes, self.options) if hasattr(self.allocator, "from_external") \
+        else external_ptr
+      return self
+    if self._base is not None:
+      self._base.ensure_allocated()
+      if not hasattr(self.allocator, "offset"):
+        raise RuntimeError(f"device {self.device} does not support buffer views")
+      self._buf = self.allocator.offset(self.base._buf, self.nbytes, self.offset)
+      return self
+    if opaque is not None:
+      self._buf = opaque
+    else:
+      self._buf = self.allocator.alloc(self.nbytes, self.options)
+      if not self.device.startswith("DISK"):
+        GlobalCounters.mem_used += self.nbytes
+        GlobalCounters.mem_peak = max(GlobalCounters.mem_peak, GlobalCounters.mem_used)
+      self._owned = True
+    return self
+
+  def __reduce__(self) -> Tuple[Any, ...]:
+    # pickling carries the contents (when allocated) so a buffer can cross process boundaries
+    buf = None
+    if self._base is not None:
+      return self.__class__, (self.device, self.size, self.dtype, None, None, None, 0, self.base, self.offset, self.is_allocated())
+    if self.device == "NPY":
+      return self.__class__, (self.device, self.size, self.dtype, self._buf, self.options, None, self.lb_refcount)
+    if self.is_allocated():
+      buf = bytearray(self.nbytes)
+      self.copyout(memoryview(buf))
+    return self.__class__, (self.device, self.size, self.dtype, None, self.options, buf, self.lb_refcount)
+
+  @property
+  def nbytes(self) -> int:
+    return self.size * self.dtype.itemsize
+
+  def __del__(self) -> None:
+    if not hasattr(self, "_buf") or not getattr(self, "_owned", False):
+      return
+    try:
+      if not self.device.startswith("DISK"):
+        GlobalCounters.mem_used -= self.nbytes
+      self.allocator.free(self._buf, self.nbytes, self.options)
+    except Exception:  # interpreter shutdown: the module globals may already be gone
+      pass
+
+  def __repr__(self) -> str:
+    return f"<buf real:{self.is_allocated()} device:{self.device} size:{self.size} dtype:{self.dtype}" + \
+      (f" offset:{self.offset}" if self._base is not None else "") + (f" {self.options}" if self.options is not None else "") + ">"
+
+  def as_buffer(self, allow_zero_copy: bool = False, force_zero_copy: bool = False) -> memoryview:
+    """The contents as a memoryview: zero-copy when allowed and the allocator can, else a copy."""
+    if (force_zero_copy or allow_zero_copy) and hasattr(self.allocator_or_device(), "as_buffer") and \
+        (force_zero_copy or not self.device.startswith(("GPU", "CUDA", "NV", "AMD"))):
+      return getattr(self.allocator_or_device(), "as_buffer")(self._buf)
+    if force_zero_copy:
+      raise RuntimeError(f"device {self.device} cannot give a zero-copy view of its memory")
+    return self.copyout(memoryview(bytearray(self.nbytes)))
+
+  def allocator_or_device(self) -> Allocator:
+    return self.allocator if hasattr(self, "allocator") else _device(self.device).allocator
+
+  def copyin(self, mv: memoryview) -> Buffer:
+    """Copy host bytes into the buffer (allocating it first if needed)."""
+    mv = flat_mv(mv)
+    if mv.nbytes != self.nbytes:
+      raise ValueError(f"copyin of {mv.nbytes} bytes into a buffer of {self.nbytes} bytes")
+    self.ensure_allocated()
+    self.allocator.copyin(self._buf, mv)
+    return self
+
+  def copyout(self, mv: memoryview) -> memoryview:
+    """Copy the buffer's bytes into host memory `mv` and return it."""
+    mv = flat_mv(mv)
+    if mv.nbytes != self.nbytes:
+      raise ValueError(f"copyout of a buffer of {self.nbytes} bytes into {mv.nbytes} bytes")
+    if not self.is_allocated():
+      raise RuntimeError(f"cannot copy out of {self!r}: it is not allocated")
+    self.allocator.copyout(mv, self._buf)
+    return mv
+
+  def numpy(self) -> Any:
+    """The contents as a numpy array of the buffer's dtype (a copy unless zero-copy is possible)."""
+    import numpy as np
+
+    from tiny.dtype import to_np_dtype
+    return np.frombuffer(bytes(self.as_buffer()), dtype=to_np_dtype(self.dtype.scalar() if hasattr(self.dtype, "scalar") else self.dtype))
+
+  def view(self, size: int, dtype: DType, offset: int) -> Buffer:
+    """A buffer of `size` elements of `dtype` aliasing this one's memory, `offset` bytes in."""
+    if offset >= self.nbytes and self.nbytes > 0:
+      raise ValueError(f"view offset {offset} is past the end of a buffer of {self.nbytes} bytes")
+    if self._base is not None:
+      return Buffer(self.device, size, dtype, base=self._base, offset=self.offset + offset)
+    return Buffer(self.device, size, dtype, base=self, offset=offset)
+
+
+# **************** allocators ****************
+
+class Allocator:
+  """Hands out opaque device memory handles. Subclasses implement _alloc, _free, copyin, copyout.
+
+  Optional capabilities, detected with hasattr by callers: `as_buffer(src) -> memoryview` (zero-copy host
+  view), `offset(buf, size, offset)` (sub-buffer views), `transfer(dest, src, sz, src_dev, dest_dev)`
+  (device-to-device copy).
+  """
+
+  def alloc(self, size: int, options: Optional[BufferOptions] = None) -> Any:
+    if not isinstance(size, int) or size < 0:
+      raise ValueError(f"alloc size must be a non-negative int, got {size!r}")
+    return self._alloc(max(size, 1), options if options is not None else BufferOptions())
+
+  def _alloc(self, size: int, options: BufferOptions) -> Any:
+    raise NotImplementedError("this allocator cannot allocate")
+
+  def free(self, opaque: Any, size: int, options: Optional[BufferOptions] = None) -> None:
+    self._free(opaque, options if options is not None else BufferOptions())
+
+  def _free(self, opaque: Any, options: BufferOptions) -> None:
+    pass  # the default lets the garbage collector reclaim the memory
+
+  def copyin(self, dest: Any, src: memoryview) -> None:
+    raise NotImplementedError("this allocator cannot copy in")
+
+  def copyout(self, dest: memoryview, src: Any) -> None:
+    raise NotImplementedError("this allocator cannot copy out")
+
+
+class LRUAllocator(Allocator):
+  """Keeps freed buffers, keyed by (size, options), and hands them out again instead of allocating.
+
+  `hits` counts allocations served from the cache, `allocs` those that reached the device. When the
+  device runs out of memory the cache is emptied and the allocation retried once.
+  """
+
+  def __init__(self) -> None:
+    self.cache: DefaultDict[Tuple[int, Optional[BufferOptions]], List[Any]] = defaultdict(list)
+    self.hits, self.allocs = 0, 0
+
+  def alloc(self, size: int, options: Optional[BufferOptions] = None) -> Any:
+    if len(c := self.cache[(size, options)]):
+      self.hits += 1
+      return c.pop()
+    self.allocs += 1
+    try:
+      return super().alloc(size, options)
+    except (RuntimeError, MemoryError):
+      self.free_cache()
+      return super().alloc(size, options)
+
+  def free_cache(self) -> None:
+    """Really free every cached buffer."""
+    for (sz, options), opaques in self.cache.items():
+      for opaque in opaques:
+        super().free(opaque, sz, options)
+      opaques.clear()
+
+  def free(self, opaque: Any, size: int, options: Optional[BufferOptions] = None) -> None:
+    if getenv("LRU", 1) and (options is None or not options.nolru):
+      self.cache[(size, options)].append(opaque)
+    else:
+      super().free(opaque, size, options)
+
+
+class _MallocAllocator(LRUAllocator):
+  """Host memory from ctypes, 64-byte aligned so vectorized kernels may use aligned loads."""
+
+  ALIGN = 64
+
+  def _alloc(self, size: int, options: BufferOptions) -> Any:
+    raw = (ctypes.c_uint8 * (size + self.ALIGN))()
+    pad = (-ctypes.addressof(raw)) % self.ALIGN
+    # from_buffer keeps `raw` alive through the returned array's _objects
+    return (ctypes.c_uint8 * size).from_buffer(raw, pad)
+
+  def as_buffer(self, src: Any) -> memoryview:
+    return flat_mv(memoryview(src))
+
+  def copyin(self, dest: Any, src: memoryview) -> None:
+    if len(src):
+      ctypes.memmove(dest, from_mv(src) if not src.readonly else bytes(src), len(src))
+
+  def copyout(self, dest: memoryview, src: Any) -> None:
+    if len(dest):
+      ctypes.memmove(from_mv(dest), src, len(dest))
+
+  def offset(self, buf: Any, size: int, offset: int) -> Any:
+    return (ctypes.c_uint8 * size).from_buffer(buf, offset)
+
+
+MallocAllocator = _MallocAllocator()
+
+
+# **************** compilers ****************
+
+def _numbered(src: str) -> str:
+  return "\n".join(f"{i + 1:4d} | {line}" for i, line in enumerate(src.splitlines()))
+
+
+class CompileError(RuntimeError):
+  """A kernel failed to compile. Carries the source (`.src`) and the compiler's message (`.compiler_msg`)."""
+
+  def __init__(self, msg: str, src: Optional[str] = None):
+    self.compiler_msg, self.src = msg, src
+    super().__init__(msg if src is None else f"{msg}\n--- source ---\n{_numbered(src)}")
+
+
+class Compiler:
+  """Turns source into a binary. `compile_cached` memoizes on disk (per `cachekey`, i.e. per toolchain)."""
+
+  def __init__(self, cachekey: Optional[str] = None):
+    self.cachekey = None if getenv("DISABLE_COMPILER_CACHE") else cachekey
+
+  def compile(self, src: str) -> bytes:
+    """Compile one source; the default 'compiler' is the identity on the source text."""
+    return src.encode()
+
+  def compile_cached(self, src: str) -> bytes:
+    """compile(src), served from the disk cache when possible. Corrupt or foreign entries are rebuilt."""
+    from tiny import helpers
+    use_cache = self.cachekey is not None and helpers.CACHELEVEL >= 1
+    lib = diskcache_get(self.cachekey, src) if use_cache and self.cachekey is not None else None
+    if not isinstance(lib, bytes):
+      if DEBUG >= 5:
+        print(f"compiling with {type(self).__name__}, cache miss for {self.cachekey}")
+      lib = self.compile(src)
+      if use_cache and self.cachekey is not None:
+        diskcache_put(self.cachekey, src, lib)
+    return lib
+
+
+class Compiled:
+  """A device: allocator + renderer + compiler + runtime (+ an optional graph executor for the JIT)."""
+
+  def __init__(self, device: str, allocator: Allocator, renderer: Optional[Renderer], compiler: Optional[Compiler], runtime: Any,
+               graph: Any = None):
+    self.dname, self.allocator, self.compiler, self.runtime, self.graph = device, allocator, compiler or Compiler(), runtime, graph
+    if renderer is None:
+      from tiny.renderer import Renderer
+      renderer = Renderer()
+    self.renderer = renderer
+
+  @property
+  def device(self) -> str:
+    return self.dname
+
+  def synchronize(self) -> None:
+    """Wait for all work queued on the device (a no-op for synchronous devices)."""
+
+  def __repr__(self) -> str:
+    return f"<{type(self).__name__} {self.dname}>"
+

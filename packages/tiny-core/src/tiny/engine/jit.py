@@ -1,0 +1,303 @@
+"""TinyJit: capture the kernels a function launches once, then replay them without Python graph work.
+
+The first call runs eagerly (it warms caches and realizes lazily created state such as optimizer
+buffers), the second call is captured, and every later call replays the captured `ExecItem`s with
+the new input buffers swapped in. Tensors a replay returns live in fresh buffers, so results of two
+calls never alias each other. Symbolic shapes (bound `Variable`s in shapes or passed as arguments)
+are passed to the kernels as arguments, so one capture serves every value of the variable.
+"""
+from __future__ import annotations
+
+import functools
+import itertools
+from typing import Any, Callable, Dict, Generic, List, Optional, Sequence, Set, Tuple, TypeVar, Union, cast
+
+from tiny.device import Buffer, Compiled
+from tiny.dtype import DType
+from tiny.helpers import DEBUG, JIT, GlobalCounters, colored, merge_dicts
+from tiny.engine.realize import CompiledRunner, ExecItem, Runner, capturing
+from tiny.engine.schedule import _internal_memory_planner
+from tiny.shape.shapetracker import ShapeTracker
+from tiny.shape.symbolic import Variable, sint
+
+ReturnType = TypeVar("ReturnType")
+
+
+class JitError(RuntimeError):
+  """A jitted function was called in a way its capture cannot serve."""
+
+
+def get_input_replace(jit_cache: List[ExecItem], input_rawbuffers: Sequence[Buffer]) -> Dict[Tuple[int, int], int]:
+  """Positions (item, buffer slot) in jit_cache that hold one of input_rawbuffers, mapped to its index."""
+  index = {id(b): i for i, b in enumerate(input_rawbuffers)}
+  return {(j, i): index[id(b)] for j, ji in enumerate(jit_cache) for i, b in enumerate(ji.bufs) if b is not None and id(b) in index}
+
+
+class GraphRunner(Runner):
+  """Base of device graph executors: replays a list of ExecItems as one unit.
+
+  Subclasses (a device's `graph`) receive the captured items, the buffers that change per call
+  (inputs and fresh outputs, in `input_rawbuffers` order) and the first call's var_vals, and
+  override `__call__` to launch everything at once. This base runs the items one by one, which is
+  still cheaper than eager execution because nothing is scheduled or looked up."""
+
+  def __init__(self, jit_cache: List[ExecItem], input_rawbuffers: List[Buffer], var_vals: Dict[Variable, int]):
+    self.jit_cache = jit_cache
+    self.input_replace = get_input_replace(jit_cache, input_rawbuffers)
+    self.vars = sorted(var_vals.keys(), key=lambda v: v.expr)
+    op_est: sint = 0
+    mem_est: sint = 0
+    for ji in jit_cache:
+      op_est, mem_est = op_est + ji.prg.op_estimate, mem_est + ji.prg.mem_estimate
+    super().__init__(colored(f"<batched {len(jit_cache)}>", "cyan"), jit_cache[0].prg.dname.split(":")[0], op_est, mem_est)
+
+  def __call__(self, rawbufs: List[Buffer], var_vals: Dict[Variable, int], wait: bool = False) -> Optional[float]:
+    for (j, i), input_idx in self.input_replace.items():
+      self.jit_cache[j].bufs[i] = rawbufs[input_idx]
+    total = 0.0
+    for ji in self.jit_cache:
+      et = ji.prg(cast(List[Buffer], ji.bufs), var_vals, wait=wait)
+      total += et or 0.0
+    return total if wait else None
+
+
+def apply_graph_to_jit(jit_cache: List[ExecItem], input_rawbuffers: List[Buffer], var_vals: Dict[Variable, int]) -> List[ExecItem]:
+  """Group consecutive compiled kernels of one device into that device's graph executor (when it has one)."""
+  from tiny.registry import Device
+  graphed: List[ExecItem] = []
+  batch: List[ExecItem] = []
+  batch_dev: Optional[Compiled] = None
+
+  def flush() -> None:
+    nonlocal batch, batch_dev
+    if len(batch) > 1 and batch_dev is not None and batch_dev.graph is not None:
+      try:
+        runner = batch_dev.graph(batch, input_rawbuffers, var_vals)
+        used = list(dict.fromkeys(b for ji in batch for b in ji.bufs if b is not None and any(b is x for x in input_rawbuffers)))
+        graphed.append(ExecItem(runner, cast(List[Optional[Buffer]], list(input_rawbuffers))))
+        if DEBUG >= 2:
+          print(f"JIT GRAPHing batch with {len(batch)} kernels on device {batch_dev} ({len(used)} changing buffers)")
+      except NotImplementedError as e:
+        if DEBUG >= 2:
+          print(f"JIT graph not used: {e}")
+        graphed.extend(batch)
+    else:
+      graphed.extend(batch)
+    batch, batch_dev = [], None
+
+  for ji in jit_cache:
+    dev = Device[ji.prg.dname] if isinstance(ji.prg, CompiledRunner) else None
+    if dev is None or dev.graph is None:
+      flush()
+      graphed.append(ji)
+      continue
+    if batch_dev is not None and batch_dev is not dev:
+      flush()
+    batch.append(ji)
+    batch_dev = dev
+  flush()
+  return graphed
+
+
+def _tensors_in(x: Any) -> List[Any]:
+  """Every Tensor in a nested structure of tuples/lists/dicts (in a stable order)."""
+  from tiny.tensor import Tensor
+  if isinstance(x, Tensor):
+    return [x]
+  if isinstance(x, (list, tuple)):
+    return [t for v in x for t in _tensors_in(v)]
+  if isinstance(x, dict):
+    return [t for k in x for t in _tensors_in(x[k])]
+  return []
+
+
+def _realize(tensors: Sequence[Any]) -> None:
+  from tiny.engine.realize import run_schedule
+  from tiny.engine.schedule import create_schedule_with_vars
+  lbs = [t.lazydata for t in tensors]
+  if lbs:
+    sched, var_vals = create_schedule_with_vars(lbs)
+    run_schedule(sched, var_vals)
+
+
+_Signature = Tuple[ShapeTracker, DType, str]
+
+
+class _Capture:
+  """What a captured call recorded: the items, the changing buffers and how to rebuild the outputs."""
+
+  def __init__(self) -> None:
+    self.items: List[ExecItem] = []
+    self.preexisting: Set[int] = set()
+
+  def add(self, ei: ExecItem) -> None:
+    # a buffer already allocated when its item is captured existed before (a weight, an input)
+    for b in ei.bufs:
+      if b is not None and b.is_allocated():
+        self.preexisting.add(id(b.base))
+    self.items.append(ExecItem(ei.prg, list(ei.bufs), ei.metadata))
+
+
+class TinyJit(Generic[ReturnType]):
+  """Decorator that captures a function's kernels on its second call and replays them afterwards."""
+
+  def __init__(self, fxn: Callable[..., ReturnType]):
+    self.fxn = fxn
+    functools.update_wrapper(self, fxn)  # type: ignore[arg-type]
+    self.reset()
+
+  def reset(self) -> None:
+    """Forget the capture: the next call runs eagerly and the one after captures again."""
+    self.cnt = 0
+    self.jit_cache: List[ExecItem] = []
+    self.input_replace: Dict[Tuple[int, int], int] = {}
+    self.expected_names: List[Union[int, str]] = []
+    self.expected_sig: List[_Signature] = []
+    self.out_template: Any = None
+    self.out_bufs: List[Buffer] = []
+    self.out_lbs: List[Any] = []
+
+  @property
+  def jit_kernels(self) -> int:
+    """How many runners the replay launches (after graph batching)."""
+    return len(self.jit_cache)
+
+  def __get__(self, obj: Any, objtype: Any = None) -> Any:
+    # so @TinyJit works on methods: bind the instance like a function would
+    return self if obj is None else functools.partial(self.__call__, obj)
+
+  # *** inputs ***
+
+  def _inputs(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple[List[Union[int, str]], List[Any], Dict[Variable, int]]:
+    from tiny.tensor import Tensor
+    named = [(i, a) for i, a in enumerate(args)] + sorted(kwargs.items())
+    names = [n for n, a in named if isinstance(a, Tensor)]
+    tensors = [a for _, a in named if isinstance(a, Tensor)]
+    if len(set(id(t) for t in tensors)) != len(tensors):
+      raise JitError("the same Tensor was passed to a jitted function twice; pass it once")
+    # an input's buffer is what a replay swaps, so every input must be backed by a realized buffer
+    _realize([t for t in tensors if t.lazydata.base.realized is None])
+    for t in tensors:
+      if t.lazydata.base.realized is None:  # e.g. an unrealized constant: materialize it in place
+        t.lazydata = t.lazydata.contiguous()
+        _realize([t])
+    bound = [a for _, a in named if isinstance(a, Variable)]
+    var_vals = merge_dicts([t.lazydata.st.var_vals for t in tensors] + [dict([v.unbind()]) for v in bound])
+    return names, tensors, var_vals
+
+  @staticmethod
+  def _signature(tensors: List[Any]) -> List[_Signature]:
+    return [(t.lazydata.st.unbind()[0], t.dtype, t.device) for t in tensors]
+
+  # *** calls ***
+
+  def __call__(self, *args: Any, **kwargs: Any) -> ReturnType:
+    if not JIT:
+      return self.fxn(*args, **kwargs)
+    names, tensors, var_vals = self._inputs(args, kwargs)
+    if self.cnt == 0:
+      ret = self.fxn(*args, **kwargs)
+      _realize(_tensors_in(ret))
+    elif self.cnt == 1:
+      ret = self._capture(args, kwargs, names, tensors, var_vals)
+    else:
+      ret = self._replay(names, tensors, var_vals)
+    self.cnt += 1
+    return ret
+
+  def _capture(self, args: Tuple[Any, ...], kwargs: Dict[str, Any], names: List[Union[int, str]], tensors: List[Any],
+               var_vals: Dict[Variable, int]) -> ReturnType:
+    cap = _Capture()
+    input_bufs = [t.lazydata.base.realized for t in tensors]
+    capturing.append(cap)
+    try:
+      ret = self.fxn(*args, **kwargs)
+      outs = _tensors_in(ret)
+      _realize(outs)
+    finally:
+      capturing.clear()
+    if not cap.items:
+      raise JitError(f"{getattr(self.fxn, '__name__', 'function')} launched no kernels to capture; does it return realized Tensors?")
+    # outputs computed inside the capture get fresh buffers at every replay
+    self.out_lbs = [t.lazydata for t in outs]
+    self.out_bufs = []
+    for lb in self.out_lbs:
+      b = lb.base.realized
+      if b is not None and id(b.base) not in cap.preexisting and not any(b is x for x in input_bufs) and not any(b is x for x in self.out_bufs):
+        self.out_bufs.append(b)
+    self.out_template = ret
+    # let intermediates of the step share memory; inputs, outputs and preexisting buffers keep theirs
+    keep = set(b.base for b in input_bufs + self.out_bufs)
+    keep |= {b.base for ei in cap.items for b in ei.bufs if b is not None and id(b.base) in cap.preexisting}
+    assigned = _internal_memory_planner([cast(List[Buffer], ei.bufs) for ei in cap.items], noopt_buffers=keep, debug_prefix="JIT ")
+    items = [ExecItem(ei.prg, [assigned.get(b, b) if b is not None else None for b in ei.bufs], ei.metadata) for ei in cap.items]
+    for ei in items:
+      for b in ei.bufs:
+        if b is not None:
+          b.ensure_allocated()
+    changing = cast(List[Buffer], input_bufs) + self.out_bufs
+    self.jit_cache = apply_graph_to_jit(items, changing, var_vals)
+    self.input_replace = get_input_replace(self.jit_cache, changing)
+    self.expected_names, self.expected_sig = names, self._signature(tensors)
+    if DEBUG >= 1:
+      print(f"JIT captured {len(cap.items)} kernels with {len(input_bufs)} inputs, {len(self.out_bufs)} outputs")
+    # the input buffers of the next call take these slots
+    for (j, i) in self.input_replace:
+      self.jit_cache[j].bufs[i] = None
+    return ret
+
+  def _check(self, names: List[Union[int, str]], tensors: List[Any]) -> None:
+    if names != self.expected_names:
+      raise JitError(f"jitted function called with Tensor arguments {names}, but it was captured with {self.expected_names}")
+    sig = self._signature(tensors)
+    for n, got, want in zip(names, sig, self.expected_sig):
+      if got[0].views != want[0].views:
+        raise JitError(f"argument {n!r}: shape {got[0].shape} does not match the captured shape {want[0].shape} "
+                       "(use a bound Variable for sizes that change between calls)")
+      if got[1] != want[1]:
+        raise JitError(f"argument {n!r}: dtype {got[1]} does not match the captured dtype {want[1]}")
+      if got[2] != want[2]:
+        raise JitError(f"argument {n!r}: device {got[2]} does not match the captured device {want[2]}")
+
+  def _replay(self, names: List[Union[int, str]], tensors: List[Any], var_vals: Dict[Variable, int]) -> ReturnType:
+    self._check(names, tensors)
+    fresh = [Buffer(b.device, b.size, b.dtype, options=b.options).allocate() for b in self.out_bufs]
+    changing = [t.lazydata.base.realized for t in tensors] + fresh
+    for (j, i), idx in self.input_replace.items():
+      self.jit_cache[j].bufs[i] = changing[idx]
+    for ei in self.jit_cache:
+      ei.run(var_vals, jit=True)
+    for (j, i) in self.input_replace:
+      self.jit_cache[j].bufs[i] = None
+    if DEBUG >= 2:
+      print(f"JIT replayed {len(self.jit_cache)} items, {GlobalCounters.kernel_count} kernels so far")
+    return self._rebuild(fresh)
+
+  def _rebuild(self, fresh: List[Buffer]) -> Any:
+    """The captured return structure, with each output Tensor now backed by this call's buffers."""
+    from tiny.lazy import LazyBuffer, create_lazybuffer
+    from tiny.ops import MetaOps
+    from tiny.tensor import Tensor
+    swap = {id(old): new for old, new in zip(self.out_bufs, fresh)}
+    counter = itertools.count()
+
+    def rebuild(x: Any) -> Any:
+      if isinstance(x, Tensor):
+        lb = self.out_lbs[next(counter)]
+        buf = lb.base.realized
+        if buf is None or id(buf) not in swap:
+          return x  # an input or a preexisting buffer: it is what it was
+        nb = swap[id(buf)]
+        base = LazyBuffer(lb.device, lb.base.st, lb.base.dtype, MetaOps.EMPTY)
+        base.buffer = nb
+        del base.srcs
+        view = base if lb.base is lb else create_lazybuffer(lb.device, lb.st, lb.dtype, base=base, enable_cache=False)
+        return Tensor(view, device=lb.device, requires_grad=False)
+      if isinstance(x, tuple):
+        return tuple(rebuild(v) for v in x)
+      if isinstance(x, list):
+        return [rebuild(v) for v in x]
+      if isinstance(x, dict):
+        return {k: rebuild(x[k]) for k in x}
+      return x
+    return rebuild(self.out_template)

@@ -1,0 +1,280 @@
+"""Running a schedule: lower each ScheduleItem to a Runner and execute it on its buffers.
+
+`CompiledRunner` wraps a compiled kernel (found in a method cache keyed by device and AST, so a kernel is
+optimized and compiled once per process); `BufferCopy`/`BufferXfer` move data between devices; `ViewOp`,
+`EmptyOp` and `CustomOp` cover the meta ops. `run_schedule` is what `Tensor.realize` ends in.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Dict, Generator, List, Optional, Tuple
+
+from tiny.device import Buffer, Compiled
+from tiny.helpers import BEAM, CAPTURING, DEBUG, NOOPT, GlobalCounters, Metadata, ansilen, colored, getenv, to_function_name
+from tiny.ops import LazyOp, MetaOps
+from tiny.renderer import Program, Renderer
+from tiny.shape.symbolic import Variable, sym_infer
+
+
+def _device(name: str) -> Compiled:
+  from tiny.registry import Device
+  return Device[name]
+
+
+# **************** runners ****************
+
+class Runner:
+  """Something that runs on a list of Buffers: a kernel, a copy, a view. Costs feed GlobalCounters."""
+
+  def __init__(self, display_name: str, dname: str, op_estimate: Any = 0, mem_estimate: Any = 0):
+    self.first_run, self.display_name, self.dname, self.op_estimate, self.mem_estimate = True, display_name, dname, op_estimate, mem_estimate
+
+  @property
+  def device(self) -> Compiled:
+    return _device(self.dname)
+
+  def exec(self, rawbufs: List[Buffer], var_vals: Optional[Dict[Variable, int]] = None) -> Optional[float]:
+    """Run once on rawbufs (already allocated); returns the time in seconds when measured."""
+    return self(rawbufs, {} if var_vals is None else var_vals)
+
+  def __call__(self, rawbufs: List[Buffer], var_vals: Dict[Variable, int], wait: bool = False) -> Optional[float]:
+    raise NotImplementedError("a Runner must implement __call__")
+
+
+class CompiledRunner(Runner):
+  """A kernel compiled for one device. `precompiled` skips compilation (a binary from a cache or a pickle)."""
+
+  def __init__(self, p: Program, precompiled: Optional[bytes] = None):
+    if DEBUG >= 4:
+      print(p.src)
+    self.p = p
+    dev = _device(p.dname)
+    self.lib = precompiled if precompiled is not None else dev.compiler.compile_cached(p.src)
+    self.clprg = dev.runtime(to_function_name(p.name), self.lib)
+    super().__init__(p.name, p.dname, p.op_estimate, p.mem_estimate)
+
+  def __reduce__(self) -> Tuple[Any, ...]:
+    return self.__class__, (self.p, self.lib)
+
+  def __call__(self, rawbufs: List[Buffer], var_vals: Dict[Variable, int], wait: bool = False) -> Optional[float]:
+    global_size, local_size = self.p.launch_dims(var_vals)
+    kwargs: Dict[str, Any] = {}
+    if global_size:
+      kwargs["global_size"] = tuple(global_size)
+    if local_size:
+      kwargs["local_size"] = tuple(local_size)
+    return self.clprg(*[x._buf for x in rawbufs], **kwargs, vals=tuple(var_vals[k] for k in self.p.vars), wait=wait)
+
+
+class CustomOp(Runner):
+  """Runs a Python function on the buffers (MetaOps.CUSTOM)."""
+
+  def __init__(self, fxn: Callable[..., Any]):
+    self.fxn = fxn
+    super().__init__(getattr(fxn, "__name__", "custom"), "CUSTOM", 0, 0)
+
+  def __call__(self, rawbufs: List[Buffer], var_vals: Dict[Variable, int], wait: bool = False) -> Optional[float]:
+    self.fxn(*rawbufs)
+    return None
+
+
+class EmptyOp(Runner):
+  """MetaOps.EMPTY: the buffer only needs to exist."""
+
+  def __init__(self, buf: Buffer):
+    super().__init__(colored(f"empty {buf.size:10d} {buf.dtype}", "yellow"), buf.device)
+
+  def __call__(self, rawbufs: List[Buffer], var_vals: Dict[Variable, int], wait: bool = False) -> Optional[float]:
+    return None
+
+
+class ViewOp(Runner):
+  """MetaOps.VIEW: the output aliases the input's memory, so there is nothing to run."""
+
+  def __init__(self, buf: Buffer):
+    super().__init__(colored(f"view {buf.nbytes:8d} @ {buf.offset:<10d}", "yellow"), buf.device)
+
+  def __call__(self, rawbufs: List[Buffer], var_vals: Dict[Variable, int], wait: bool = False) -> Optional[float]:
+    if rawbufs[0]._base is None or rawbufs[0]._base is not rawbufs[1].base:
+      raise RuntimeError(f"a view must alias its source: {rawbufs[0]} is not a view of {rawbufs[1]}")
+    return None
+
+
+class BufferCopy(Runner):
+  """Copy between devices through host memory (zero-copy where an allocator offers as_buffer)."""
+
+  def __init__(self, total_sz: int, dest_device: str, src_device: str):
+    size = f"{total_sz / 1e6:7.2f}M" if total_sz >= 1e6 else f"{total_sz:8d}"
+    name = f"{type(self).__name__[6:].lower()} {size}, {dest_device[:7]:>7s} <- {src_device[:7]:7s}"
+    super().__init__(colored(name, "yellow"), dest_device, 0, total_sz)
+
+  def copy(self, dest: Buffer, src: Buffer) -> None:
+    if src.device.startswith("DISK") and hasattr(dest.allocator, "as_buffer"):
+      # read the file straight into the destination's host memory
+      src.allocator.copyout(dest.allocator.as_buffer(dest._buf), src._buf)
+    else:
+      dest.copyin(src.as_buffer(allow_zero_copy=True))
+
+  def __call__(self, rawbufs: List[Buffer], var_vals: Dict[Variable, int], wait: bool = False) -> Optional[float]:
+    dest, src = rawbufs[0:2]
+    if dest.nbytes != src.nbytes:
+      raise RuntimeError(f"buffer copy size mismatch: {dest.nbytes} bytes <- {src.nbytes} bytes")
+    st = time.perf_counter()
+    self.copy(dest, src)
+    if wait:
+      _device(dest.device).synchronize()
+      return time.perf_counter() - st
+    return None
+
+
+class BufferXfer(BufferCopy):
+  """Device-to-device copy with the allocator's transfer (same kind of device, no host round trip)."""
+
+  def copy(self, dest: Buffer, src: Buffer) -> None:
+    getattr(dest.allocator, "transfer")(dest._buf, src._buf, dest.nbytes, src_dev=_device(src.device), dest_dev=_device(dest.device))
+
+
+# **************** kernels: optimize, compile, cache ****************
+
+def get_kernel(renderer: Renderer, ast: LazyOp) -> Any:
+  """The optimized Kernel for ast: hand-coded heuristics, or BEAM search when BEAM>=1 (never with NOOPT)."""
+  from tiny.codegen.kernel import Kernel
+  k = Kernel(ast, opts=renderer)
+  if hasattr(k, "required_optimizations"):
+    k.required_optimizations()
+  if not NOOPT:
+    used_tc = k.apply_tensor_cores(getenv("TC", 1)) if hasattr(k, "apply_tensor_cores") else False
+    if not used_tc:
+      k.hand_coded_optimizations()
+    if BEAM >= 1:
+      try:
+        from tiny.engine.search import beam_search, bufs_from_lin
+      except ImportError as e:
+        raise RuntimeError("BEAM search is not available in this tiny build (tiny.engine.search is missing)") from e
+      kb = Kernel(ast, opts=renderer)
+      if hasattr(kb, "required_optimizations"):
+        kb.required_optimizations()
+      k = beam_search(kb, bufs_from_lin(kb, allocate=False), BEAM.value, bool(getenv("BEAM_ESTIMATE", 1)))
+  return k
+
+
+# (device, ast, beam level, device-kind-only) -> runner. The kind-only entry lets CUDA:1 reuse CUDA:0's binary.
+method_cache: Dict[Tuple[str, LazyOp, int, bool], CompiledRunner] = {}
+
+
+def get_runner(dname: str, ast: LazyOp) -> CompiledRunner:
+  """The compiled runner for ast on device dname, from the method cache when possible."""
+  ckey = (dname, ast, BEAM.value, False)
+  if (cret := method_cache.get(ckey)) is not None:
+    return cret
+  bkey = (dname.split(":")[0], ast, BEAM.value, True)
+  if (bret := method_cache.get(bkey)) is not None:
+    ret = CompiledRunner(replace(bret.p, dname=dname), bret.lib)
+  else:
+    prg: Program = get_kernel(_device(dname).renderer, ast).to_program()
+    ret = CompiledRunner(replace(prg, dname=dname))
+    method_cache[bkey] = ret
+  method_cache[ckey] = ret
+  return ret
+
+
+# **************** executing ****************
+
+@dataclass(frozen=True)
+class ExecItem:
+  """A runner bound to its buffers (None where a JIT fills the input in at replay)."""
+
+  prg: Runner
+  bufs: List[Optional[Buffer]]
+  metadata: Optional[List[Metadata]] = None
+
+  def run(self, var_vals: Optional[Dict[Variable, int]] = None, wait: bool = False, jit: bool = False,
+          do_update_stats: bool = True) -> Optional[float]:
+    """Run once; allocates missing buffers (except under the JIT, which owns them) and updates GlobalCounters."""
+    var_vals = {} if var_vals is None else var_vals
+    bufs = [b for b in self.bufs if b is not None]
+    if len(bufs) != len(self.bufs):
+      raise RuntimeError("cannot run an ExecItem with unbound (None) buffers")
+    if not jit:
+      bufs = [b.ensure_allocated() for b in bufs]
+    et = self.prg(bufs, var_vals, wait=wait or DEBUG >= 2)
+    if do_update_stats:
+      op_est, mem_est = sym_infer(self.prg.op_estimate, var_vals), sym_infer(self.prg.mem_estimate, var_vals)
+      GlobalCounters.kernel_count += 1
+      GlobalCounters.global_ops += op_est
+      GlobalCounters.global_mem += mem_est
+      if et is not None:
+        GlobalCounters.time_sum_s += et
+      if DEBUG >= 2:
+        print(_debug_line(self, et, op_est, mem_est, jit))
+      self.prg.first_run = False
+    return et
+
+
+def _debug_line(ei: ExecItem, et: Optional[float], op_est: float, mem_est: float, jit: bool) -> str:
+  prg = ei.prg
+  head = colored(f"*** {prg.dname[:7]:7s} {GlobalCounters.kernel_count:4d}", "magenta" if jit else ("green" if prg.first_run else None))
+  name = prg.display_name + " " * max(0, 38 - ansilen(prg.display_name))
+  dims = ""
+  if isinstance(prg, CompiledRunner):
+    gs, ls = prg.p.launch_dims({}) if not prg.p.vars else (prg.p.global_size, prg.p.local_size)
+    dims = f" global {str(list(gs or [])):<16s} local {str(list(ls or [])):<12s}"
+  line = f"{head} {name} arg {len(ei.bufs):3d} mem {GlobalCounters.mem_used / 1e9:5.2f} GB{dims}"
+  if et is not None:
+    tm = colored(f"{et * 1e3:9.2f}ms", "yellow") if et > 0.01 else f"{et * 1e6:9.2f}us"
+    secs = et or 1e-20
+    line += f" tm {tm}/{GlobalCounters.time_sum_s * 1e3:9.2f}ms ({op_est / (secs * 1e9):9.2f} GFLOPS, {mem_est / (secs * 1e9):7.2f} GB/s)"
+  if ei.metadata:
+    line += f" {[repr(m) if DEBUG >= 3 else str(m) for m in ei.metadata]}"
+  return line
+
+
+def lower_schedule_item(si: Any) -> ExecItem:
+  """The ExecItem that performs one ScheduleItem."""
+  if si.ast.op is MetaOps.KERNEL:
+    if len({x.device for x in si.bufs}) > 1:
+      raise RuntimeError(f"a kernel's buffers must all be on one device, got {sorted({x.device for x in si.bufs})}")
+    runner = get_runner(si.outputs[0].device, si.ast)
+    return ExecItem(runner, [si.bufs[g[0] if isinstance(g, tuple) else g] for g in runner.p.globals], si.metadata)
+  out = si.outputs[0]
+  if si.ast.op is MetaOps.COPY:
+    src = si.inputs[0]
+    kernel_type = BufferCopy
+    if out.device.split(":")[0] == src.device.split(":")[0] and hasattr(_device(out.device).allocator, "transfer"):
+      kernel_type = BufferXfer
+    return ExecItem(kernel_type(si.ast.arg, out.device, src.device), list(si.bufs), si.metadata)
+  if si.ast.op is MetaOps.CUSTOM:
+    return ExecItem(CustomOp(si.ast.arg), list(si.bufs), si.metadata)
+  if si.ast.op is MetaOps.EMPTY:
+    return ExecItem(EmptyOp(out), list(si.bufs), si.metadata)
+  if si.ast.op is MetaOps.VIEW:
+    return ExecItem(ViewOp(out), list(si.bufs), si.metadata)
+  raise RuntimeError(f"don't know how to lower {si.ast.op}")
+
+
+def lower_schedule(schedule: List[Any]) -> Generator[ExecItem, None, None]:
+  """Lower items one at a time (popping them from schedule, so buffers are released as we go)."""
+  while len(schedule):
+    si = schedule.pop(0)
+    try:
+      yield lower_schedule_item(si)
+    except Exception:
+      if DEBUG >= 2:
+        print(f"error lowering {si.ast.op}")
+        print("tensor operations:")
+        for m in si.metadata or []:
+          print(f"  {m!r}")
+      raise
+
+
+# TinyJit puts an object with an `add(ExecItem)` method here while it captures
+capturing: List[Any] = []
+
+
+def run_schedule(schedule: List[Any], var_vals: Optional[Dict[Variable, int]] = None, do_update_stats: bool = True) -> None:
+  """Run every item of schedule in order (consumes the list)."""
+  for ei in lower_schedule(schedule):
+    if len(capturing) and CAPTURING:
+      capturing[0].add(ei)
+    ei.run(var_vals, do_update_stats=do_update_stats)

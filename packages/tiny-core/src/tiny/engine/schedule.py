@@ -1,0 +1,442 @@
+"""The scheduler: turns a graph of LazyBuffers into an ordered list of kernels (ScheduleItems).
+
+It decides which LazyBuffers get their own memory ("realizes") and fuses everything else into the kernels
+that use it:
+- outputs, meta ops (copies, contiguous, assign, ...) and `forced_realize` buffers are realized;
+- a view that expands its base (broadcasting a reduce result, say) realizes the base, so the work is not
+  repeated for every broadcast element;
+- a padded view fuses only when every op between it and the realized inputs maps 0 to 0 (UNSAFE_PAD_OPS);
+- elementwise work after a reduce joins the reduce's kernel when it reads the reduce contiguously, and
+  several outputs of one reduce become one multi-output kernel.
+Kernels are then ordered by a deterministic toposort in which every read of an assign target comes before
+the assign, and a memory planner lets intermediates whose lifetimes do not overlap share buffers.
+"""
+from __future__ import annotations
+
+import sys
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+from typing import DefaultDict, Dict, List, Optional, Sequence, Set, Tuple, Union
+
+from tiny.device import Buffer
+from tiny.dtype import ImageDType
+from tiny.helpers import DEBUG, MULTIOUTPUT, Metadata, all_int, colored, dedup, getenv, merge_dicts, prod
+from tiny.lazy import LazyBuffer
+from tiny.ops import UNSAFE_PAD_OPS, BufferOps, ConstBuffer, LazyOp, MemBuffer, MetaOps, ReduceOps, UnaryOps
+from tiny.shape.shapetracker import ShapeTracker
+from tiny.shape.symbolic import Variable
+
+# graphs are walked recursively; deep elementwise chains need more than the default limit
+sys.setrecursionlimit(max(sys.getrecursionlimit(), 10000))
+
+
+@dataclass(frozen=True)
+class ScheduleItem:
+  """One kernel (or meta op) to run: its AST and its buffers, outputs first."""
+
+  ast: LazyOp
+  bufs: Tuple[Buffer, ...]
+  metadata: Optional[List[Metadata]] = None
+
+  @property
+  def outputs(self) -> Tuple[Buffer, ...]:
+    """The buffers this item writes."""
+    return self.bufs[:len(self.ast.src)] if self.ast.op is MetaOps.KERNEL else self.bufs[0:1]
+
+  @property
+  def inputs(self) -> Tuple[Buffer, ...]:
+    """The buffers this item only reads."""
+    return self.bufs[len(self.ast.src):] if self.ast.op is MetaOps.KERNEL else self.bufs[1:]
+
+
+@dataclass(frozen=True)
+class _PreItem:
+  """A ScheduleItem still expressed on LazyBuffers (before buffers are known to be final)."""
+
+  ast: LazyOp
+  outputs: Tuple[LazyBuffer, ...]
+  inputs: Tuple[LazyBuffer, ...]
+  var_vals: Dict[Variable, int] = field(default_factory=dict)
+  metadata: List[Metadata] = field(default_factory=list)
+
+
+class AssignNotContiguousError(RuntimeError):
+  """An assign reads its own target through a non-contiguous view (`a += a.T`), which would race."""
+
+
+# **************** lowering one group of LazyBuffers to a kernel AST ****************
+
+def _unbind(st: ShapeTracker, var_vals: Dict[Variable, int]) -> ShapeTracker:
+  unbound, vv = st.simplify().unbind()
+  var_vals.update(vv)
+  return unbound
+
+
+def _recursive_lazyop(buf: LazyBuffer, st: ShapeTracker, outputs: Tuple[LazyBuffer, ...], inputs: List[LazyBuffer], var_vals: Dict[Variable, int],
+                      realizes: Dict[LazyBuffer, None], assign_targets: Dict[LazyBuffer, LazyBuffer],
+                      cache: Dict[Tuple[LazyBuffer, ShapeTracker], LazyOp]) -> LazyOp:
+  """The AST that computes `buf` viewed through `st`, fusing everything that is not realized."""
+  if buf is not buf.base:
+    st, buf = buf.st + st, buf.base
+  if (buf, st) in cache:
+    return cache[(buf, st)]
+  ret: LazyOp
+  if buf.op is MetaOps.CONST:
+    # constants are always generated inline (a bound Variable becomes a kernel argument)
+    val = buf.arg
+    if isinstance(val, Variable):
+      val, bound = val.unbind()
+      var_vals[val] = bound
+    ret = LazyOp(BufferOps.CONST, (), ConstBuffer(val, buf.dtype, _unbind(st, var_vals)))
+  elif buf.realized is not None or (buf in realizes and buf not in outputs):
+    unbound = _unbind(st, var_vals)
+    if buf in assign_targets:
+      # the kernel writes this buffer: it may read each element only where it writes it
+      if not unbound.contiguous and not _masked_contiguous(unbound):
+        raise AssignNotContiguousError("an assign target is read through a non-contiguous view in its own kernel; "
+                                       "make the value contiguous first (a += a.T  ->  a += a.T.contiguous())")
+      ret = LazyOp(BufferOps.LOAD, (), MemBuffer(outputs.index(assign_targets[buf]), buf.dtype, unbound))
+    else:
+      if buf not in inputs:
+        inputs.append(buf)
+      ret = LazyOp(BufferOps.LOAD, (), MemBuffer(len(outputs) + inputs.index(buf), buf.dtype, unbound))
+  elif buf.op in (MetaOps.CONTIGUOUS, MetaOps.ASSIGN):
+    # elementwise no-ops whose only job is to be the realized output
+    assert buf in outputs, f"{buf.op} must be a kernel output"
+    ret = _recursive_lazyop(buf.srcs[0], st, outputs, inputs, var_vals, realizes, assign_targets, cache)
+  elif buf.op in ReduceOps:
+    # the reduce reads its source in the source's full shape; everything above it is in the reduced shape
+    src = _recursive_lazyop(buf.srcs[0], ShapeTracker.from_shape(buf.srcs[0].shape), outputs, inputs, var_vals, realizes, assign_targets, cache)
+    ret = LazyOp(buf.op, (src,), buf.arg)
+  else:
+    ret = LazyOp(buf.op, tuple(_recursive_lazyop(x, st, outputs, inputs, var_vals, realizes, assign_targets, cache) for x in buf.srcs), buf.arg)
+  cache[(buf, st)] = ret
+  return ret
+
+
+def _masked_contiguous(st: ShapeTracker) -> bool:
+  """A single masked view that equals a contiguous tracker on its valid region (a padded contiguous read)."""
+  if len(st.views) != 1 or (mask := st.views[0].mask) is None:
+    return False
+  return ShapeTracker.from_shape(st.shape).shrink(mask) == st.shrink(mask)
+
+
+def _lower_group(outs: List[LazyBuffer], realizes: Dict[LazyBuffer, None], reduce_for_op: Dict[LazyBuffer, LazyBuffer]) -> _PreItem:
+  """Describe the computation of a group of outputs as one kernel AST (or one meta op)."""
+  out = outs[0]
+  if out.op in (MetaOps.CUSTOM, MetaOps.COPY, MetaOps.EMPTY, MetaOps.VIEW):
+    return _PreItem(LazyOp(out.op, (), out.arg), (out,), tuple(x.base for x in out.srcs))
+  var_vals: Dict[Variable, int] = merge_dicts([dict(o.st.var_vals) for o in outs])
+  local_assigns = {x.srcs[1]: x for x in outs if x.op is MetaOps.ASSIGN}
+  cache: Dict[Tuple[LazyBuffer, ShapeTracker], LazyOp] = {}
+  inputs: List[LazyBuffer] = []
+  stores: List[LazyOp] = []
+  for i, o in enumerate(outs):
+    # a kernel with a reduce runs in the (unsqueezed) reduced shape, one without in the output's shape
+    r = reduce_for_op.get(o)
+    output_st = ShapeTracker.from_shape(r.shape if r is not None else o.shape)
+    lop = _recursive_lazyop(o, output_st, tuple(outs), inputs, var_vals, realizes, local_assigns, cache)
+    store_st = o.arg[0] if o.op is MetaOps.ASSIGN and o.arg else output_st
+    if store_st.shape != output_st.shape:
+      store_st = store_st.reshape(output_st.shape)
+    stores.append(LazyOp(BufferOps.STORE, (lop,), MemBuffer(i, o.dtype, _unbind(store_st, var_vals))))
+  metadata = dedup([b.metadata for b, _ in cache if b.metadata is not None and b not in inputs])
+  return _PreItem(LazyOp(MetaOps.KERNEL, tuple(stores)), tuple(outs), tuple(inputs), var_vals, metadata)
+
+
+# **************** the graph walk and realize decisions ****************
+
+def _recurse_lb(buf: LazyBuffer, realizes: Dict[LazyBuffer, None], allbufs: Dict[LazyBuffer, None], simple_pads: Dict[LazyBuffer, None],
+                children: DefaultDict[LazyBuffer, Dict[LazyBuffer, None]], assign_targets: Dict[LazyBuffer, LazyBuffer]) -> None:
+  """Visit every unrealized LazyBuffer reachable from buf, recording children and the forced realizes."""
+  stack: List[LazyBuffer] = [buf]
+  while stack:
+    buf = stack.pop()
+    if buf in allbufs or buf.base.realized is not None:
+      continue
+    if buf is not buf.base:
+      views = buf.st.views
+      if len(views) == 1 and views[-1].mask is not None and all_int(buf.base.st.shape) and \
+          prod(buf.base.st.shape) >= prod([y - x for x, y in views[-1].mask]):
+        # a pad (or shrink+pad) reading no more than the base holds: fusable if the ops below are pad-safe
+        simple_pads[buf.base] = None
+      elif prod(buf.base.st.shape) < prod(buf.st.shape):
+        # an expand: compute the base once instead of once per broadcast element
+        if not (buf.base.op is UnaryOps.CAST and isinstance(buf.base.srcs[0].dtype, ImageDType) and isinstance(buf.base.arg, ImageDType)):
+          realizes[buf.base] = None
+      elif any(v.mask is not None for v in views):
+        simple_pads[buf.base] = None
+      stack.append(buf.base)
+      continue
+    allbufs[buf] = None
+    if buf.forced_realize or buf.op in MetaOps:
+      realizes[buf] = None
+    if buf.op is MetaOps.ASSIGN:
+      target = buf.srcs[1]
+      assert target.base is target and target.realized is not None, "assign must target a realized base"
+      assign_targets[target] = buf
+    if buf.op is MetaOps.COPY:
+      if not (buf.srcs[0].st.contiguous and buf.srcs[0].size == buf.srcs[0].base.size):
+        raise RuntimeError("a COPY must read a whole contiguous buffer")
+      realizes[buf.srcs[0].base] = None
+    if buf.op is MetaOps.VIEW:
+      realizes[buf.srcs[0].base] = None
+    for x in buf.srcs:
+      if x.base.realized is None:
+        children[x.base][buf] = None
+    # reversed so the first source is visited first (keeps buffer order stable and natural)
+    stack.extend(reversed(buf.srcs))
+
+
+def _is_padding_okay(buf: LazyBuffer, realizes: Dict[LazyBuffer, None]) -> bool:
+  """True when padding buf with zeros can be pushed through its unrealized ops (they all map 0 to 0)."""
+  seen: Set[LazyBuffer] = set()
+  todo = [buf]
+  while todo:
+    b = todo.pop()
+    if b in seen or b in realizes or b.realized is not None:
+      continue
+    seen.add(b)
+    if b.op in UNSAFE_PAD_OPS:
+      return False
+    todo.extend(x.base for x in b.srcs)
+  return True
+
+
+def _recursive_group(tr: LazyBuffer, st: ShapeTracker, r: LazyBuffer, children: DefaultDict[LazyBuffer, Dict[LazyBuffer, None]],
+                     realizes: Dict[LazyBuffer, None], reduce_for_op: Dict[LazyBuffer, LazyBuffer], group: Set[LazyBuffer]) -> None:
+  """Collect the realized descendants of reduce r reachable through contiguous elementwise ops.
+
+  Adding r itself to the group means "cannot fuse forward": r must be realized on its own."""
+  if tr in realizes and tr is not r:
+    if not st.contiguous or st.size != r.st.size or tr in reduce_for_op:
+      group.add(r)
+    group.add(tr)
+    return
+  for tr_next in children[tr]:
+    if tr_next.op in ReduceOps:
+      group.add(r)
+      return
+    st_childs = dedup(s for s in tr_next.srcs if s.base is tr)
+    if len(st_childs) > 1:
+      group.add(r)
+      return
+    _recursive_group(tr_next, st + st_childs[0].st, r, children, realizes, reduce_for_op, group)
+
+
+def _pair_reduces(allbufs: Dict[LazyBuffer, None], realizes: Dict[LazyBuffer, None], children: DefaultDict[LazyBuffer, Dict[LazyBuffer, None]],
+                  assign_targets: Dict[LazyBuffer, LazyBuffer]) -> Dict[LazyBuffer, LazyBuffer]:
+  """Give every reduce a kernel: fuse it into its realized descendants when that is clean, else realize it."""
+  reduce_for_op: Dict[LazyBuffer, LazyBuffer] = {}
+  for r in allbufs:
+    if r.op not in ReduceOps or r in realizes:
+      continue
+    group: Set[LazyBuffer] = set()
+    _recursive_group(r, r.st, r, children, realizes, reduce_for_op, group)
+    can_chase = all(tr not in reduce_for_op for tr in group)
+    forced = r in group
+    if not forced and len(group) > 1:
+      # a multi-output kernel is only possible when no output depends on another reduce
+      parents, kids = deque(group), deque(group)
+      while parents and not forced:
+        if (p := parents.pop()).op in ReduceOps:
+          forced = True
+        else:
+          parents.extend(x.base for x in p.srcs if x.base.realized is None and x.base is not r)
+      realized_descendants: Set[LazyBuffer] = set()
+      while kids and not forced:
+        c = kids.pop()
+        if c.op in ReduceOps or not c.st.contiguous or c.st.size != r.st.size or c in reduce_for_op:
+          realized_descendants.clear()
+          break
+        if c in realizes and c not in group:
+          realized_descendants.add(c)
+        kids.extend(x for x in children[c] if x.realized is None and x.device == r.device)
+      group.update(realized_descendants)
+    if not forced and any(x.op is MetaOps.ASSIGN for x in group):
+      # an assign may join only if its kernel reads no other buffer that is assigned in this schedule
+      todo = deque((r, *group))
+      while todo and not forced:
+        p = todo.pop().base
+        if p.realized is not None or p in realizes:
+          if p in assign_targets and assign_targets[p] not in group:
+            forced, can_chase = True, False
+          continue
+        todo.extend(p.srcs)
+    if forced or not group:
+      tr = r
+      if can_chase:
+        # walk down single contiguous children so the reduce stores the final elementwise result
+        st = tr.st
+        while len(children[tr]) == 1:
+          tr_next = next(iter(children[tr]))
+          st_childs = dedup(s for s in tr_next.srcs if s.base is tr)
+          if len(st_childs) > 1 or st.size != st_childs[0].st.size:
+            break
+          st = st + st_childs[0].st
+          if not st.contiguous or tr_next.op in ReduceOps or tr_next.op in MetaOps:
+            break
+          tr = tr_next
+        # storing an up-cast result wastes bandwidth: store before the cast instead
+        if tr is not r and tr.op is UnaryOps.CAST and tr.arg.itemsize > tr.srcs[0].dtype.itemsize:
+          tr = tr.srcs[0].base
+        reduce_for_op[tr] = r
+      realizes[tr] = None
+    else:
+      reduce_for_op.update((tr, r) for tr in group)
+  return reduce_for_op
+
+
+_Graph = Tuple[DefaultDict[LazyBuffer, List[LazyBuffer]], DefaultDict[LazyBuffer, int], Dict[LazyBuffer, _PreItem]]
+
+
+def _graph_schedule(outs: Sequence[LazyBuffer], seen: Set[LazyBuffer]) -> _Graph:
+  """The dependency graph between pre-scheduled items, keyed by each item's first output."""
+  realizes: Dict[LazyBuffer, None] = {x.base: None for x in outs if x.base.realized is None}
+  allbufs: Dict[LazyBuffer, None] = {}
+  simple_pads: Dict[LazyBuffer, None] = {}
+  children: DefaultDict[LazyBuffer, Dict[LazyBuffer, None]] = defaultdict(dict)
+  assign_targets: Dict[LazyBuffer, LazyBuffer] = {}
+  for out in outs:
+    _recurse_lb(out.base, realizes, allbufs, simple_pads, children, assign_targets)
+
+  for p in simple_pads:
+    if not _is_padding_okay(p, realizes):
+      realizes[p] = None
+
+  reduce_for_op = _pair_reduces(allbufs, realizes, children, assign_targets)
+
+  output_groups: DefaultDict[LazyBuffer, List[LazyBuffer]] = defaultdict(list)
+  for buf in realizes:
+    if buf.realized is not None or buf.op is MetaOps.CONST or buf in seen:
+      continue
+    output_groups[reduce_for_op[buf] if buf in reduce_for_op and MULTIOUTPUT else buf].append(buf)
+
+  prescheduled = {group[0]: _lower_group(group, realizes, reduce_for_op) for group in output_groups.values()}
+  schedule_targets = {o: ps for ps in prescheduled.values() for o in ps.outputs}
+
+  graph: DefaultDict[LazyBuffer, List[LazyBuffer]] = defaultdict(list)
+  in_degree: DefaultDict[LazyBuffer, int] = defaultdict(int)
+  for key, lsi in prescheduled.items():
+    in_degree.setdefault(key, 0)
+    # run after the items that produce our inputs
+    for x in dedup(schedule_targets[x].outputs[0] for x in lsi.inputs if x in schedule_targets):
+      graph[x].append(key)
+      in_degree[key] += 1
+    # run before any item that overwrites one of our inputs (read before write)
+    for a in dedup(schedule_targets[assign_targets[x]].outputs[0] for x in lsi.inputs if x in assign_targets):
+      if a is not key:
+        graph[key].append(a)
+        in_degree[a] += 1
+  return graph, in_degree, prescheduled
+
+
+def _schedule(outs: Sequence[LazyBuffer], seen: Set[LazyBuffer]) -> Tuple[List[ScheduleItem], Dict[Variable, int]]:
+  graph, in_degree, prescheduled = _graph_schedule(outs, seen)
+  queue = deque(ps for key, ps in prescheduled.items() if in_degree[key] == 0)
+  schedule: List[ScheduleItem] = []
+  var_vals: Dict[Variable, int] = {}
+  while queue:
+    ps = queue.popleft()
+    for o in ps.outputs:
+      seen.add(o)
+      # a scheduled base is "realized": it drops its sources, which also frees the graph above it
+      del o.srcs
+    schedule.append(ScheduleItem(ps.ast, tuple(x.buffer for x in ps.outputs + ps.inputs if x.size != 0), ps.metadata))
+    var_vals = merge_dicts([var_vals, ps.var_vals])
+    for x in graph[ps.outputs[0]]:
+      in_degree[x] -= 1
+      if in_degree[x] == 0:
+        queue.append(prescheduled[x])
+  if any(d != 0 for d in in_degree.values()) or len(prescheduled) != len(schedule):
+    raise RuntimeError(f"cycle detected in the schedule graph: {len(prescheduled)} items but only {len(schedule)} could be ordered")
+  if DEBUG >= 1 and len(schedule) >= 10:
+    print(f"scheduled {len(schedule)} kernels")
+  return schedule, var_vals
+
+
+def create_schedule_with_vars(outs: Sequence[LazyBuffer], seen: Optional[Set[LazyBuffer]] = None) -> Tuple[List[ScheduleItem], Dict[Variable, int]]:
+  """Schedule the computation of outs: the kernels in run order and the values of the symbolic variables."""
+  schedule, var_vals = _schedule(outs, set() if seen is None else seen)
+  # _schedule has returned, so the scheduler holds no LazyBuffers: lb_refcount now tells which buffers are private
+  return memory_planner(schedule), var_vals
+
+
+def create_schedule(outs: Sequence[LazyBuffer], seen: Optional[Set[LazyBuffer]] = None) -> List[ScheduleItem]:
+  """create_schedule_with_vars for graphs without symbolic variables."""
+  schedule, var_vals = create_schedule_with_vars(outs, seen)
+  if var_vals:
+    raise RuntimeError(f"the graph has symbolic variables {list(var_vals)}: use create_schedule_with_vars")
+  return schedule
+
+
+# **************** memory planner ****************
+
+def _internal_memory_planner(buffers: List[Union[List[Buffer], Tuple[Buffer, ...]]], noopt_buffers: Optional[Set[Buffer]] = None,
+                             debug_prefix: str = "") -> Dict[Buffer, Buffer]:
+  """Map each private, unallocated buffer to a buffer it can share with (one whose lifetime does not overlap).
+
+  A buffer is private when no LazyBuffer refers to it anymore (lb_refcount == 0) and it is not allocated yet;
+  its lifetime is the span of items between its first and last use."""
+  if getenv("NO_MEMORY_PLANNER"):
+    return {}
+
+  def plannable(b: Buffer) -> bool:
+    return not b.is_allocated() and b.lb_refcount == 0 and (noopt_buffers is None or b.base not in noopt_buffers)
+
+  first: Dict[Buffer, int] = {}
+  last: Dict[Buffer, int] = {}
+  for i, u in enumerate(buffers):
+    for b in u:
+      if plannable(b):
+        first.setdefault(b.base, i)
+        last[b.base] = i
+
+  from tiny.registry import Device
+  free_segs: DefaultDict[Tuple, List[Tuple[int, int, Buffer]]] = defaultdict(list)
+
+  def find_replacement(b: Buffer, st: int, en: int) -> Buffer:
+    can_offset = hasattr(Device[b.device].allocator, "offset")
+    key = (b.device, b.dtype, b.options) + (() if can_offset else (b.nbytes,))
+    default = (0, len(buffers) - 1, b)
+    segs = free_segs[key]
+    idx = next((i for i, (s, e, _) in enumerate(segs) if s <= st and en <= e), None)
+    seg_st, seg_en, seg_buf = segs.pop(idx) if idx is not None else default
+    if st - 1 >= seg_st:
+      segs.append((seg_st, st - 1, seg_buf))
+    if seg_en >= en + 1:
+      segs.append((en + 1, seg_en, seg_buf))
+    return seg_buf if seg_buf.nbytes == b.nbytes else Buffer(b.device, b.size, b.dtype, base=seg_buf)
+
+  # biggest first, so smaller buffers fit in the gaps the big ones leave
+  requests = sorted(((first[b], last[b], b) for b in first), key=lambda x: -x[2].nbytes)
+  assigned = {b: find_replacement(b, st, en) for st, en, b in requests}
+  for u in buffers:
+    for b in u:
+      if not plannable(b):
+        continue
+      if b._base is not None:
+        assigned[b] = Buffer(b.device, b.size, b.dtype, base=assigned.get(b.base, b.base).base, offset=b.offset)
+      else:
+        assigned[b] = assigned.get(b, b)
+  if DEBUG >= 1:
+    before = dedup(x for x in assigned if x._base is None)
+    after = dedup(x for x in assigned.values() if x._base is None)
+    if len(before) != len(after):
+      print(debug_prefix + f"memory reduced from {sum(x.nbytes for x in before) / 1e6:.2f} MB -> {sum(x.nbytes for x in after) / 1e6:.2f} MB, "
+            f"{len(before)} -> {len(after)} bufs")
+  return assigned
+
+
+def memory_planner(schedule: List[ScheduleItem]) -> List[ScheduleItem]:
+  """Let intermediates of the schedule share memory. Buffers of copies and views are left alone."""
+  noopt = {b.base for si in schedule if si.ast.op is not MetaOps.KERNEL for b in si.bufs}
+  assigned = _internal_memory_planner([si.bufs for si in schedule], noopt_buffers=noopt)
+  return [ScheduleItem(si.ast, tuple(assigned.get(x, x) for x in si.bufs), si.metadata) for si in schedule]
+
+
+def print_schedule(schedule: List[ScheduleItem]) -> None:
+  """A one-line-per-item summary (for debugging)."""
+  for i, si in enumerate(schedule):
+    kind = colored("kernel", "green") if si.ast.op is MetaOps.KERNEL else colored(str(si.ast.op), "yellow")
+    print(f"{i:3d} {kind} outs={[b.size for b in si.outputs]} ins={[b.size for b in si.inputs]}")

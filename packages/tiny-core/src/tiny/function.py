@@ -1,0 +1,319 @@
+"""Autograd Functions: each one computes its forward pass on LazyBuffers and knows its own derivative.
+
+`Tensor` calls `F.Name.apply(*tensors, **kwargs)`. `forward` gets the LazyBuffers of the inputs, `backward` gets the
+LazyBuffer of the output gradient and returns one gradient per input (None where no gradient flows).
+Everything here is written with the small set of LazyBuffer ops (elementwise, reduce, movement) the scheduler fuses.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+from tiny.dtype import DType, dtypes, sum_acc_dtype
+from tiny.helpers import argsort
+from tiny.lazy import LazyBuffer
+from tiny.ops import BinaryOps, ReduceOps, TernaryOps, UnaryOps
+from tiny.shape.symbolic import sint
+from tiny.tensor import Function
+
+_LOG2_E = 1 / math.log(2)
+_LN_2 = math.log(2)
+
+
+def _div(x: LazyBuffer, y: LazyBuffer) -> LazyBuffer:
+  """x / y elementwise: a multiply by the reciprocal for floats, C-style truncating division for ints."""
+  return x.e(BinaryOps.MUL, y.e(UnaryOps.RECIP)) if dtypes.is_float(x.dtype) else x.e(BinaryOps.IDIV, y)
+
+
+def _sub(x: LazyBuffer, y: LazyBuffer) -> LazyBuffer:
+  return x.e(BinaryOps.ADD, y.e(UnaryOps.NEG))
+
+
+class Contiguous(Function):
+  """Force the data into a buffer of its own (a kernel boundary); the gradient passes through."""
+
+  def forward(self, x: LazyBuffer) -> LazyBuffer:
+    return x.contiguous()
+
+  def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+    return grad_output
+
+
+class ContiguousBackward(Function):
+  """Identity forward; makes the gradient contiguous on the way back."""
+
+  def forward(self, x: LazyBuffer) -> LazyBuffer:
+    return x
+
+  def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+    return grad_output.contiguous()
+
+
+class Cast(Function):
+  """Convert to another dtype (or reinterpret the bits, which has no gradient)."""
+
+  def forward(self, x: LazyBuffer, dtype: DType, bitcast: bool = False) -> LazyBuffer:
+    self.input_dtype, self.bitcast = x.dtype, bitcast
+    return x.cast(dtype, bitcast)
+
+  def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+    if self.bitcast:
+      raise RuntimeError("bitcast has no gradient")
+    return grad_output.cast(self.input_dtype)
+
+
+# ************* unary ops *************
+
+class Neg(Function):
+  def forward(self, x: LazyBuffer) -> LazyBuffer:
+    return x.e(UnaryOps.NEG)
+
+  def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+    return grad_output.e(UnaryOps.NEG)
+
+
+class Reciprocal(Function):
+  def forward(self, x: LazyBuffer) -> LazyBuffer:
+    self.ret = x.e(UnaryOps.RECIP)
+    return self.ret
+
+  def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+    # d(1/x) = -1/x^2
+    return grad_output.e(UnaryOps.NEG).e(BinaryOps.MUL, self.ret).e(BinaryOps.MUL, self.ret)
+
+
+class Sin(Function):
+  def forward(self, x: LazyBuffer) -> LazyBuffer:
+    self.x = x
+    return x.e(UnaryOps.SIN)
+
+  def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+    # cos(x) = sin(pi/2 - x)
+    return _sub(self.x.const(math.pi / 2), self.x).e(UnaryOps.SIN).e(BinaryOps.MUL, grad_output)
+
+
+class Relu(Function):
+  def forward(self, x: LazyBuffer) -> LazyBuffer:
+    self.ret = x.e(BinaryOps.MAX, x.const(0))
+    return self.ret
+
+  def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+    return self.ret.const(0).e(BinaryOps.CMPLT, self.ret).cast(grad_output.dtype).e(BinaryOps.MUL, grad_output)
+
+
+class Log(Function):
+  def forward(self, x: LazyBuffer) -> LazyBuffer:
+    self.x = x
+    return x.e(UnaryOps.LOG2).e(BinaryOps.MUL, x.const(_LN_2))
+
+  def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+    return grad_output.e(BinaryOps.MUL, self.x.e(UnaryOps.RECIP))
+
+
+class Exp(Function):
+  def forward(self, x: LazyBuffer) -> LazyBuffer:
+    self.ret = x.e(BinaryOps.MUL, x.const(_LOG2_E)).e(UnaryOps.EXP2)
+    return self.ret
+
+  def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+    return self.ret.e(BinaryOps.MUL, grad_output)
+
+
+class Sqrt(Function):
+  def forward(self, x: LazyBuffer) -> LazyBuffer:
+    self.ret = x.e(UnaryOps.SQRT)
+    return self.ret
+
+  def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+    return grad_output.e(BinaryOps.MUL, self.ret.e(BinaryOps.MUL, self.ret.const(2)).e(UnaryOps.RECIP))
+
+
+class Sigmoid(Function):
+  def forward(self, x: LazyBuffer) -> LazyBuffer:
+    # 1 / (1 + 2^(-x*log2(e)))
+    self.ret = x.const(1).e(BinaryOps.ADD, x.e(BinaryOps.MUL, x.const(-_LOG2_E)).e(UnaryOps.EXP2)).e(UnaryOps.RECIP)
+    return self.ret
+
+  def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+    return self.ret.e(BinaryOps.MUL, _sub(self.ret.const(1), self.ret)).e(BinaryOps.MUL, grad_output)
+
+
+class Sign(Function):
+  def forward(self, x: LazyBuffer) -> LazyBuffer:
+    zero = x.const(0)
+    is_neg = x.e(BinaryOps.CMPLT, zero).e(TernaryOps.WHERE, x.const(-1), x.const(1))
+    return x.e(BinaryOps.CMPNE, zero).e(TernaryOps.WHERE, is_neg, zero)
+
+  def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+    # sign is flat almost everywhere (and we define the derivative at 0 as 0 too)
+    return grad_output.const(0)
+
+
+# ************* binary ops *************
+
+class Less(Function):
+  def forward(self, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer:
+    return x.e(BinaryOps.CMPLT, y)
+
+  def backward(self, grad_output: LazyBuffer) -> Tuple[Optional[LazyBuffer], Optional[LazyBuffer]]:
+    return None, None
+
+
+class Neq(Function):
+  def forward(self, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer:
+    return x.e(BinaryOps.CMPNE, y)
+
+  def backward(self, grad_output: LazyBuffer) -> Tuple[Optional[LazyBuffer], Optional[LazyBuffer]]:
+    return None, None
+
+
+class Xor(Function):
+  def forward(self, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer:
+    return x.e(BinaryOps.XOR, y)
+
+
+class BitwiseAnd(Function):
+  def forward(self, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer:
+    return x.e(BinaryOps.AND, y)
+
+
+class BitwiseOr(Function):
+  def forward(self, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer:
+    return x.e(BinaryOps.OR, y)
+
+
+class Threefry(Function):
+  """The Threefry-2x32 block cipher on uint64 counters with a uint64 key (the random number generator's core)."""
+
+  def forward(self, x: LazyBuffer, seed: LazyBuffer) -> LazyBuffer:
+    return x.e(BinaryOps.THREEFRY, seed)
+
+
+class Add(Function):
+  def forward(self, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer:
+    return x.e(BinaryOps.ADD, y)
+
+  def backward(self, grad_output: LazyBuffer) -> Tuple[Optional[LazyBuffer], Optional[LazyBuffer]]:
+    return (grad_output if self.needs_input_grad[0] else None), (grad_output if self.needs_input_grad[1] else None)
+
+
+class Sub(Function):
+  def forward(self, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer:
+    return _sub(x, y)
+
+  def backward(self, grad_output: LazyBuffer) -> Tuple[Optional[LazyBuffer], Optional[LazyBuffer]]:
+    return (grad_output if self.needs_input_grad[0] else None), (grad_output.e(UnaryOps.NEG) if self.needs_input_grad[1] else None)
+
+
+class Mul(Function):
+  def forward(self, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer:
+    self.x, self.y = x, y
+    return x.e(BinaryOps.MUL, y)
+
+  def backward(self, grad_output: LazyBuffer) -> Tuple[Optional[LazyBuffer], Optional[LazyBuffer]]:
+    return (self.y.e(BinaryOps.MUL, grad_output) if self.needs_input_grad[0] else None), \
+           (self.x.e(BinaryOps.MUL, grad_output) if self.needs_input_grad[1] else None)
+
+
+class Div(Function):
+  def forward(self, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer:
+    self.x, self.y = x, y
+    return _div(x, y)
+
+  def backward(self, grad_output: LazyBuffer) -> Tuple[Optional[LazyBuffer], Optional[LazyBuffer]]:
+    # d(x/y)/dy = -x/y^2
+    return (_div(grad_output, self.y) if self.needs_input_grad[0] else None), \
+           (_div(grad_output.e(UnaryOps.NEG).e(BinaryOps.MUL, self.x), self.y.e(BinaryOps.MUL, self.y)) if self.needs_input_grad[1] else None)
+
+
+# ************* ternary ops *************
+
+class Where(Function):
+  def forward(self, x: LazyBuffer, y: LazyBuffer, z: LazyBuffer) -> LazyBuffer:
+    self.x = x
+    return x.e(TernaryOps.WHERE, y, z)
+
+  def backward(self, grad_output: LazyBuffer) -> Tuple[None, Optional[LazyBuffer], Optional[LazyBuffer]]:
+    zero = grad_output.const(0)
+    return None, (self.x.e(TernaryOps.WHERE, grad_output, zero) if self.needs_input_grad[1] else None), \
+                 (self.x.e(TernaryOps.WHERE, zero, grad_output) if self.needs_input_grad[2] else None)
+
+
+# ************* reduce ops *************
+
+class Sum(Function):
+  def forward(self, x: LazyBuffer, axis: Tuple[int, ...]) -> LazyBuffer:
+    self.input_shape = x.shape
+    return x.r(ReduceOps.SUM, axis)
+
+  def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+    return grad_output.expand(self.input_shape)
+
+
+class Max(Function):
+  def forward(self, x: LazyBuffer, axis: Tuple[int, ...]) -> LazyBuffer:
+    self.x, self.ret, self.axis = x, x.r(ReduceOps.MAX, axis), axis
+    return self.ret
+
+  def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+    # the gradient is shared equally between every element that reached the max
+    is_max = self.x.e(BinaryOps.CMPNE, self.ret.expand(self.x.shape)).e(BinaryOps.CMPNE, self.x.const(True).cast(dtypes.bool))
+    is_max = is_max.cast(grad_output.dtype)
+    count = is_max.r(ReduceOps.SUM, self.axis).expand(self.x.shape)
+    return _div(is_max, count).e(BinaryOps.MUL, grad_output.expand(self.x.shape))
+
+
+# ************* movement ops *************
+
+class Expand(Function):
+  def forward(self, x: LazyBuffer, shape: Tuple[sint, ...]) -> LazyBuffer:
+    self.expanded_axis = tuple(i for i, (si, so) in enumerate(zip(x.shape, shape)) if si != so)
+    return x.expand(shape)
+
+  def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+    return grad_output.cast(sum_acc_dtype(grad_output.dtype)).r(ReduceOps.SUM, self.expanded_axis).cast(grad_output.dtype)
+
+
+class Reshape(Function):
+  def forward(self, x: LazyBuffer, shape: Tuple[sint, ...]) -> LazyBuffer:
+    self.input_shape = x.shape
+    return x.reshape(shape)
+
+  def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+    return grad_output.reshape(self.input_shape)
+
+
+class Permute(Function):
+  def forward(self, x: LazyBuffer, order: Tuple[int, ...]) -> LazyBuffer:
+    self.input_order = order
+    return x.permute(order)
+
+  def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+    return grad_output.permute(tuple(argsort(self.input_order)))
+
+
+class Pad(Function):
+  def forward(self, x: LazyBuffer, arg: Tuple[Tuple[int, int], ...]) -> LazyBuffer:
+    self.narg = tuple((p[0], s + p[0]) for s, p in zip(x.shape, arg))
+    return x.pad(arg)
+
+  def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+    return grad_output.shrink(self.narg)
+
+
+class Shrink(Function):
+  def forward(self, x: LazyBuffer, arg: Tuple[Tuple[sint, sint], ...]) -> LazyBuffer:
+    self.narg = tuple((p[0], s - p[1]) for s, p in zip(x.shape, arg))
+    return x.shrink(arg)
+
+  def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+    return grad_output.pad(self.narg)
+
+
+class Flip(Function):
+  def forward(self, x: LazyBuffer, axis: Tuple[int, ...]) -> LazyBuffer:
+    self.arg = tuple(-1 if i in axis else 1 for i in range(len(x.shape)))
+    return x.stride(self.arg)
+
+  def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+    return grad_output.stride(self.arg)

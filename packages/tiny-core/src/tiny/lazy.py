@@ -1,0 +1,313 @@
+"""LazyBuffer: a node of the lazy compute graph that Tensor builds and the scheduler turns into kernels.
+
+A LazyBuffer is either a *base*, which owns an op, its sources and a (lazily allocated) Buffer, or a *view*,
+which is a ShapeTracker over a base. Movement ops only ever create views; everything else creates bases.
+Identical nodes are deduplicated through a weak-value cache, so building the same expression twice gives
+the same node (and the scheduler computes it once).
+"""
+from __future__ import annotations
+
+from typing import Any, List, Optional, Tuple, Union
+from weakref import ReferenceType, WeakValueDictionary, ref
+
+from tiny.device import Buffer
+from tiny.dtype import ConstType, DType, dtypes
+from tiny.helpers import DEBUG, SPLIT_REDUCEOP, _METADATA, Metadata, all_int, all_same, getenv, prod
+from tiny.ops import BinaryOps, MetaOps, Op, ReduceOps, TernaryOps, UnaryOps, exec_alu, python_alu
+from tiny.shape.shapetracker import ShapeTracker
+from tiny.shape.symbolic import Variable, sint
+
+# devices whose allocator can alias part of another buffer (Allocator.offset), so some copies become views
+view_supported_devices = {"LLVM", "CLANG", "CUDA", "NV", "AMD", "METAL", "DISK"}
+
+lazycache: WeakValueDictionary[Any, LazyBuffer] = WeakValueDictionary()
+
+
+def _int_size(st: ShapeTracker) -> int:
+  """Elements a base needs: symbolic sizes are allocated at their maximum."""
+  sz = st.size
+  if isinstance(sz, int):
+    return sz
+  return int(sz.max) if hasattr(sz, "max") else int(sz)
+
+
+def _as_int(x: sint) -> int:
+  if not isinstance(x, int):
+    raise RuntimeError(f"a buffer view needs a concrete offset, got symbolic {x}")
+  return x
+
+
+def create_lazybuffer(device: str, st: ShapeTracker, dtype: DType, op: Optional[Op] = None, arg: Any = None, srcs: Tuple[LazyBuffer, ...] = (),
+                      base: Optional[LazyBuffer] = None, enable_cache: bool = bool(getenv("LAZYCACHE", 1))) -> LazyBuffer:
+  """Make (or find in the cache) the LazyBuffer with these properties."""
+  if st.size == 0:
+    # nothing to compute: an empty result is a constant of no elements
+    op, arg, srcs, base = MetaOps.CONST, 0, (), None
+  if op is MetaOps.CONST and not isinstance(arg, Variable):
+    arg = dtypes.as_const(arg, dtype)
+  cache_key = (device, st, dtype, op, arg, tuple(ref(x) for x in srcs)) if base is None else (st, ref(base))
+  if enable_cache and (hit := lazycache.get(cache_key)) is not None:
+    return hit
+  ret = LazyBuffer(device, st, dtype, op, arg, srcs, base=base, metadata=_METADATA.get())
+  if enable_cache:
+    lazycache[cache_key] = ret
+  return ret
+
+
+class LazyBuffer:
+  """A lazily computed array: a base (op + sources + buffer) or a view (ShapeTracker over a base)."""
+
+  def __init__(self, device: str, st: ShapeTracker, dtype: DType, op: Optional[Op] = None, arg: Any = None, srcs: Tuple[LazyBuffer, ...] = (),
+               base: Optional[LazyBuffer] = None, metadata: Optional[Metadata] = None):
+    self.device, self.st, self.dtype, self.shape, self.size, self.metadata = device, st, dtype, st.shape, st.size, metadata
+    self._base: Optional[LazyBuffer] = None
+    if base is None:
+      assert op is not None, "a base LazyBuffer needs an op"
+      self.op: Op = op
+      self.arg, self.srcs = arg, srcs
+      if op is MetaOps.ASSIGN and srcs[1].base.realized is None:
+        raise RuntimeError("the target of an assign must be realized")
+      if op is MetaOps.VIEW:
+        # a view op needs no kernel: it is a Buffer aliasing the source's memory
+        src = srcs[0]
+        self._buffer: Buffer = src.base.buffer.view(_int_size(st), dtype, _as_int(src.st.views[0].offset) * src.dtype.itemsize)
+      elif op is MetaOps.ASSIGN:
+        self._buffer = srcs[1].base.buffer
+      else:
+        self._buffer = Buffer(device, _int_size(st), dtype)
+      self._buffer.ref(1)
+      self.contiguous_child: Optional[Tuple[ReferenceType[LazyBuffer], ShapeTracker]] = None
+      self.forced_realize = False
+    else:
+      if base.base is not base:
+        raise RuntimeError("the base of a view must be a base")
+      self._base = base
+
+  def __del__(self) -> None:
+    if hasattr(self, "_buffer"):
+      self._buffer.ref(-1)
+
+  def __repr__(self) -> str:
+    dt = str(self.dtype).removeprefix("dtypes.")
+    return f"<LB {self.device} {self.shape} {dt} {self.st if self.base is not self else (self.op, self.realized)}>"
+
+  # *** identity ***
+
+  @property
+  def base(self) -> LazyBuffer:
+    return self._base if self._base is not None else self
+
+  @property
+  def buffer(self) -> Buffer:
+    """The Buffer of the base (allocated when the schedule that computes it runs)."""
+    return self.base._buffer
+
+  @buffer.setter
+  def buffer(self, buf: Buffer) -> None:
+    if self._base is not None:
+      raise RuntimeError("only a base LazyBuffer has a buffer")
+    buf.ref(1)
+    if hasattr(self, "_buffer"):
+      self._buffer.ref(-1)
+    self._buffer = buf
+
+  @property
+  def realized(self) -> Optional[Buffer]:
+    # scheduled bases drop their srcs; a base without srcs is backed by its buffer
+    return self._buffer if self._base is None and not hasattr(self, "srcs") else None
+
+  @property
+  def lbs(self) -> List[LazyBuffer]:
+    return [self]
+
+  def is_realized(self) -> bool:
+    return self.base.realized is not None
+
+  def is_unrealized_const(self) -> bool:
+    return self.base.realized is None and self.base.op is MetaOps.CONST and not isinstance(self.base.arg, Variable)
+
+  def is_unrealized_unmasked_const(self) -> bool:
+    return self.is_unrealized_const() and all(v.mask is None for v in self.st.views)
+
+  # *** creation ***
+
+  @staticmethod
+  def metaop(op: MetaOps, shape: Tuple[sint, ...], dtype: DType, device: str, arg: Any = None, src: Tuple[LazyBuffer, ...] = (),
+             enable_cache: bool = False) -> LazyBuffer:
+    """A new base computed by a meta op (EMPTY, CONST, COPY, CUSTOM, ...)."""
+    if not isinstance(src, tuple):
+      raise TypeError(f"metaop src must be a tuple, got {type(src).__name__}")
+    return create_lazybuffer(device, ShapeTracker.from_shape(shape), dtype, op, arg, src, enable_cache=enable_cache)
+
+  def const(self, val: Union[ConstType, Variable], shape: Optional[Tuple[sint, ...]] = None) -> LazyBuffer:
+    """A constant of this buffer's dtype and device, broadcast to shape (default: this shape)."""
+    if not isinstance(val, (int, float, bool, Variable)):
+      raise TypeError(f"const value must be a bool, int, float or Variable, got {type(val).__name__}")
+    shape = self.shape if shape is None else shape
+    return LazyBuffer.metaop(MetaOps.CONST, (), self.dtype, self.device, arg=val).reshape((1,) * len(shape)).expand(shape)
+
+  def assign(self, x: LazyBuffer) -> LazyBuffer:
+    """Write x into this (realized) buffer; the result aliases it."""
+    if x.size != self.size:
+      raise ValueError(f"assign needs equal sizes, target has {self.size} elements and value {x.size}")
+    return LazyBuffer.metaop(MetaOps.ASSIGN, self.shape, self.dtype, self.device, arg=() if self.st.contiguous else (self.st,), src=(x, self.base))
+
+  def can_view(self) -> bool:
+    return bool(self.st.consecutive) and not self.is_unrealized_const() and self.device.split(":")[0] in view_supported_devices
+
+  def contiguous(self, allow_buffer_view: bool = True) -> LazyBuffer:
+    """This data in a contiguous buffer of its own shape; marks an already-contiguous base for realization."""
+    if not self.st.contiguous or self.size != self.base.size or self.is_unrealized_const():
+      ret = self.e(MetaOps.VIEW) if allow_buffer_view and self.can_view() else self.e(MetaOps.CONTIGUOUS)
+      # let later users of the base read the contiguous copy instead when the view can be undone
+      inv = self.st.invert(self.base.shape) if hasattr(self.st, "invert") else None
+      if inv is not None:
+        self.base.contiguous_child = ref(ret), inv
+      return ret
+    self.base.forced_realize = True
+    return self
+
+  def cast(self, dtype: DType, bitcast: bool = False, allow_buffer_view: bool = True) -> LazyBuffer:
+    """Convert to dtype (bitcast reinterprets the bits; on DISK it may change the last dimension)."""
+    if self.dtype == dtype:
+      return self
+    if self.device.startswith("DISK") and not bitcast:
+      raise RuntimeError("a DISK buffer can only be bitcast, not cast: copy it to a compute device first")
+    if self.is_unrealized_unmasked_const() and not bitcast:
+      return create_lazybuffer(self.device, self.st, dtype, MetaOps.CONST, dtypes.as_const(self.base.arg, dtype))
+    new_shape = self.shape
+    if bitcast and self.dtype.itemsize != dtype.itemsize:
+      if not self.device.startswith("DISK"):
+        raise RuntimeError("a bitcast that changes the item size is only supported on DISK")
+      if not all_int(new_shape):
+        raise RuntimeError("a bitcast that changes the item size needs a concrete shape")
+      if (new_shape[-1] * self.dtype.itemsize) % dtype.itemsize != 0:
+        raise RuntimeError(f"cannot bitcast last dim {new_shape[-1]} of {self.dtype} to {dtype}: bytes do not divide")
+      new_shape = new_shape[:-1] + ((new_shape[-1] * self.dtype.itemsize) // dtype.itemsize,)
+    elif getenv("CAST_BEFORE_VIEW", 1) and dtype.itemsize <= self.dtype.itemsize and self is not self.base:
+      # cast the (smaller or equal) base and re-apply the view: less data through the view
+      return self.base.cast(dtype, bitcast)._view(self.st)
+    cast_op: Op = (MetaOps.VIEW if self.can_view() and allow_buffer_view else UnaryOps.BITCAST) if bitcast else UnaryOps.CAST
+    return create_lazybuffer(self.device, ShapeTracker.from_shape(new_shape), dtype, cast_op, dtype, (self,))
+
+  def _copy(self, device: str) -> LazyBuffer:
+    return create_lazybuffer(device, ShapeTracker.from_shape(self.shape), self.dtype, MetaOps.COPY, self.buffer.nbytes, (self,), enable_cache=False)
+
+  def copy_to_device(self, device: str, force: bool = False) -> LazyBuffer:
+    """The same data on another device."""
+    if self.device == device:
+      return self
+    # a copy of an unrealized copy goes straight from the original
+    if not force and self.st.contiguous and self.size == self.base.size and self.base.realized is None and self.base.op is MetaOps.COPY:
+      return self.base.srcs[0].copy_to_device(device).reshape(self.st.shape)
+    if self.is_unrealized_const():
+      return LazyBuffer.metaop(MetaOps.CONST, (), self.dtype, device, arg=self.base.arg)._view(self.st)
+    # copy only what the view uses
+    if prod(self.st.shape) < prod(self.base.st.shape):
+      return self.contiguous()._copy(device)
+    return self.base._copy(device)._view(self.st)
+
+  # *** compute ***
+
+  def e(self, op: Op, *in_srcs: LazyBuffer, arg: Any = None) -> LazyBuffer:
+    """Elementwise op (Unary/Binary/Ternary, or CONTIGUOUS/VIEW) of self and in_srcs, with constant folding."""
+    srcs: List[LazyBuffer] = []
+    for s in (self,) + in_srcs:
+      if s is s.base and s.base.contiguous_child is not None and (root := s.base.contiguous_child[0]()) is not None:
+        srcs.append(root._view(s.base.contiguous_child[1]))
+      else:
+        srcs.append(s)
+    dts = [x.dtype.scalar() if hasattr(x.dtype, "scalar") else x.dtype for x in (srcs[1:] if op is TernaryOps.WHERE else srcs)]
+    if not all_same(dts):
+      raise TypeError(f"all sources of {op} need the same dtype, got {dts}")
+    if op is TernaryOps.WHERE and srcs[0].dtype != dtypes.bool:
+      raise TypeError(f"the condition of WHERE must be bool, got {srcs[0].dtype}")
+    if not all_same([x.shape for x in srcs]):
+      raise ValueError(f"all sources of {op} need the same shape, got {[x.shape for x in srcs]}")
+    out_dtype = dtypes.bool if op in (BinaryOps.CMPLT, BinaryOps.CMPNE) else srcs[-1].dtype
+
+    if op in python_alu and all(s.is_unrealized_unmasked_const() for s in srcs):
+      return self.cast(out_dtype).const(exec_alu(op, out_dtype, [s.base.arg for s in srcs]))
+    if op is UnaryOps.NEG and self.base.realized is None and self.base.op is UnaryOps.NEG and self is self.base:
+      return self.base.srcs[0]
+    if op in (BinaryOps.ADD, BinaryOps.MUL):
+      x, y = srcs[0], srcs[1]
+      for a, b in ((x, y), (y, x)):
+        if not b.is_unrealized_unmasked_const():
+          continue
+        val = b.base.arg
+        if op is BinaryOps.ADD and val == 0:
+          return a
+        if op is BinaryOps.MUL and val == 1:
+          return a
+        if op is BinaryOps.MUL and val == 0:
+          return a.const(0)
+        if op is BinaryOps.MUL and val == -1:
+          return a.e(UnaryOps.NEG)
+    return create_lazybuffer(self.device, ShapeTracker.from_shape(self.shape), out_dtype, op, arg, tuple(srcs))
+
+  def _reduce_op(self, op: ReduceOps, axis: Tuple[int, ...]) -> LazyBuffer:
+    if any(not 0 <= a < len(self.shape) for a in axis):
+      raise ValueError(f"reduce axes {axis} out of range for shape {self.shape}")
+    axis = tuple(sorted(a for a in axis if self.shape[a] != 1))
+    if not axis:
+      return self
+    return create_lazybuffer(self.device, ShapeTracker.from_shape(_reduced_shape(self.shape, axis)), self.dtype, op, axis, (self,))
+
+  def r(self, op: ReduceOps, axis: Tuple[int, ...]) -> LazyBuffer:
+    """Reduce over axis (kept as size-1 dims). Large reductions with few outputs are split in two kernels."""
+    new_shape = _reduced_shape(self.shape, axis)
+    if 0 in self.shape and 0 not in new_shape:
+      return self.const({ReduceOps.SUM: 0.0, ReduceOps.MAX: dtypes.min(self.dtype)}[op], new_shape)
+    if self.is_unrealized_unmasked_const() and all_int(self.shape):
+      folded = self.base.arg * prod(self.shape[i] for i in axis) if op is ReduceOps.SUM else self.base.arg
+      return self.const(folded, new_shape)
+    if not SPLIT_REDUCEOP or not all_int(self.shape) or 0 in self.shape or \
+        prod(self.shape) // prod(new_shape) < getenv("REDUCEOP_SPLIT_THRESHOLD", 32768):
+      return self._reduce_op(op, axis)
+    # few outputs and a long reduction: reduce a split-off factor of one axis first (as a global dim of the
+    # first kernel), then reduce that factor in a second kernel. The factor goes last for locality.
+    strides = self.st.real_strides()
+    max_split = min(256, 2 ** getenv("REDUCEOP_SPLIT_SIZE", 22) // prod(new_shape))
+    candidates = [(i, d) for i in axis for d in range(max_split, 8 - 1, -1) if self.shape[i] % d == 0 and strides[i] != 0]
+    if not candidates:
+      return self._reduce_op(op, axis)
+    dim, divisor = candidates[0]
+    split_shape = self.shape[:dim] + (divisor, self.shape[dim] // divisor) + self.shape[dim + 1:]
+    order = tuple([x for x in range(len(split_shape)) if x != dim] + [dim])
+    splitted = self.reshape(split_shape).permute(order)
+    if DEBUG >= 3:
+      print(f"split {divisor}: {self.shape} -> {splitted.shape} -> {new_shape}")
+    return splitted._reduce_op(op, axis)._reduce_op(op, (len(new_shape),)).reshape(new_shape)
+
+  # *** movement ***
+
+  def _view(self, new_st: ShapeTracker) -> LazyBuffer:
+    if self.st.size == 0 or (new_st.views[-1].mask is not None and any((b - a) == 0 for a, b in new_st.views[-1].mask)):
+      return self.const(0, new_st.shape)
+    if new_st.contiguous and self.base.shape == new_st.shape:
+      return self.base
+    return create_lazybuffer(self.device, new_st, self.dtype, base=self.base)
+
+  def reshape(self, arg: Tuple[sint, ...]) -> LazyBuffer:
+    return self._view(self.st.reshape(arg))
+
+  def pad(self, arg: Tuple[Tuple[sint, sint], ...]) -> LazyBuffer:
+    return self._view(self.st.pad(arg))
+
+  def expand(self, arg: Tuple[sint, ...]) -> LazyBuffer:
+    return self._view(self.st.expand(arg))
+
+  def permute(self, arg: Tuple[int, ...]) -> LazyBuffer:
+    return self._view(self.st.permute(arg))
+
+  def shrink(self, arg: Tuple[Tuple[sint, sint], ...]) -> LazyBuffer:
+    return self._view(self.st.shrink(arg))
+
+  def stride(self, arg: Tuple[int, ...]) -> LazyBuffer:
+    return self._view(self.st.stride(arg))
+
+
+def _reduced_shape(shape: Tuple[sint, ...], axis: Tuple[int, ...]) -> Tuple[sint, ...]:
+  return tuple(1 if i in axis else s for i, s in enumerate(shape))
+

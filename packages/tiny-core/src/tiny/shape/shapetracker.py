@@ -1,0 +1,186 @@
+"""ShapeTracker: a stack of Views; movement ops never copy, they change the index expression of a position."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Optional, Set, Tuple, cast
+
+from tiny.helpers import merge_dicts
+from tiny.shape.symbolic import MulNode, Node, NumNode, SumNode, Variable, create_ge_node, create_lt_node, sint
+from tiny.shape.view import View, strides_for_shape
+
+
+def _default_idxs(shape: Tuple[sint, ...]) -> List[Node]:
+  # a zero-size dim has no positions; NumNode(0) stands in for its (empty) index range
+  return [Variable(f"idx{i}", 0, s - 1) if not (isinstance(s, int) and s == 0) else NumNode(0) for i, s in enumerate(shape)]
+
+
+def _expr_view(view: View, idxs: List[Node], valid: Optional[Node] = None) -> Tuple[Node, Node]:
+  assert len(idxs) == len(view.shape), f"need an idx for all dimensions {idxs} vs {view.shape}"
+  iexpr: List[Node] = [NumNode(view.offset) if isinstance(view.offset, int) else view.offset]
+  vexpr: List[Node] = [valid] if valid is not None else []
+  masks = view.mask if view.mask is not None else [None] * len(view.shape)
+  for idx, sh, st, m in zip(idxs, view.shape, view.strides, masks):
+    if sh != 1 and st != 0:
+      iexpr.append(idx * st)
+    if m is not None:
+      vexpr += [create_ge_node(idx, m[0]), create_lt_node(idx, m[1])]
+  return Node.sum(iexpr), Node.ands(vexpr)
+
+
+@dataclass(frozen=True)
+class ShapeTracker:
+  """Views applied last-to-first: the last view gives the shape; each earlier one reinterprets the flat index of the next."""
+
+  views: Tuple[View, ...]
+
+  def __add__(self, st: ShapeTracker) -> ShapeTracker:
+    """Compose: st's views applied on top of self (st indexes self's shape)."""
+    ret = self
+    for v in st.views:
+      ret = ShapeTracker(ret.views + (v,)).simplify()  # one view at a time merges best
+    return ret
+
+  def invert(self, out_shape: Tuple[sint, ...]) -> Optional[ShapeTracker]:
+    """The tracker mapping this one's output back to out_shape, when every view is invertible."""
+    inverted_views: List[View] = []
+    for v, s in zip(self.views[::-1], [x.shape for x in self.views[::-1][1:]] + [out_shape]):
+      if (inverted := v.invert(s)) is None or (reshaped := inverted.reshape(s)) is None:
+        return None
+      inverted_views.append(reshaped)
+    return ShapeTracker(tuple(inverted_views)).reshape(out_shape)
+
+  @staticmethod
+  def from_shape(shape: Tuple[sint, ...]) -> ShapeTracker:
+    """A contiguous tracker of shape."""
+    return ShapeTracker((View.create(tuple(shape)),))
+
+  @property
+  def contiguous(self) -> bool:
+    return len(self.views) == 1 and self.views[0].contiguous
+
+  @property
+  def consecutive(self) -> bool:
+    return len(self.views) == 1 and (v := self.views[0]).mask is None and v.strides == strides_for_shape(v.shape)
+
+  @property
+  def shape(self) -> Tuple[sint, ...]:
+    return self.views[-1].shape
+
+  @property
+  def size(self) -> int:
+    return self.views[-1].size()
+
+  def real_size(self) -> int:
+    """Number of buffer elements the tracker can touch (1 + the largest valid index)."""
+    if 0 in self.shape:
+      return 0
+    idx, valid = self.expr_idxs()
+    if not valid:
+      return 0
+    ret = idx.max
+    while not isinstance(ret, int):
+      ret = ret.max
+    return ret + 1
+
+  def vars(self) -> Set[Variable]:
+    return set().union(*[v.vars() for v in self.views])
+
+  @property
+  def var_vals(self) -> Dict[Variable, int]:
+    return merge_dicts([dict([v.unbind()]) for v in self.vars()])
+
+  def unbind(self) -> Tuple[ShapeTracker, Dict[Variable, int]]:
+    """The tracker with unbound Variables, and the values they were bound to."""
+    unbound_views, var_vals = zip(*[v.unbind() for v in self.views])
+    return ShapeTracker(tuple(unbound_views)), merge_dicts(var_vals)
+
+  def real_strides(self, ignore_valid: bool = False) -> Tuple[Optional[sint], ...]:
+    """The stride of each dim in the final index expression; None where it isn't a plain stride (or is masked)."""
+    if len(self.views) == 1 and self.views[-1].mask is None:
+      return self.views[-1].strides
+    idxs: List[Node] = _default_idxs(self.shape)
+    idx, valid = self.expr_idxs(idxs)
+    ret: List[Optional[sint]] = [None] * len(self.shape)
+    bad_idx_vars: Set[Variable] = set()
+    for this_dim in (idx.nodes if isinstance(idx, SumNode) else [idx]):
+      idx_maybe, stride_maybe = (this_dim.a, this_dim.b) if isinstance(this_dim, MulNode) else (this_dim, 1)
+      if idx_maybe in idxs and not isinstance(idx_maybe, NumNode):
+        ret[idxs.index(idx_maybe)] = cast(sint, stride_maybe)
+      else:
+        bad_idx_vars |= idx_maybe.vars()
+    idx_vars, valid_vars = idx.vars(), valid.vars()
+    for i, tidx in enumerate(idxs):
+      if tidx in bad_idx_vars or (tidx in valid_vars and not ignore_valid):
+        ret[i] = None
+      elif tidx not in idx_vars:
+        ret[i] = 0
+    return tuple(ret)
+
+  def unit_stride_axes(self, ignore_valid: bool = False) -> List[int]:
+    """Dims whose real stride is 1."""
+    return [i for i, st in enumerate(self.real_strides(ignore_valid)) if st == 1]
+
+  def expr_idxs(self, idxs: Optional[Iterable[Node]] = None) -> Tuple[Node, Node]:
+    """(buffer index, validity) of the position idxs; by default idx{i} Variables ranging over each dim."""
+    idxs = _default_idxs(self.shape) if idxs is None else list(idxs)
+    if len(idxs) != len(self.shape):
+      raise ValueError(f"expr_idxs needs {len(self.shape)} indices for shape {self.shape}, got {len(idxs)}")
+    idx, valid = _expr_view(self.views[-1], idxs)
+    for view in reversed(self.views[0:-1]):
+      if valid.max == 0:
+        return NumNode(-1), valid
+      view = view.minify()
+      acc: sint = 1
+      vidxs: List[Node] = []
+      for d in reversed(view.shape):
+        vidxs.append((idx // acc) % d)
+        acc = acc * d
+      idx, valid = _expr_view(view, vidxs[::-1], valid)
+    return idx, valid
+
+  def expr_node(self, idx: str = "idx") -> Tuple[Node, Node]:
+    """(buffer index, validity) as a function of one flat index Variable over the whole shape."""
+    if not self.shape:
+      return self.expr_idxs([])
+    acc: sint = 1
+    fidx = Variable(idx, 0, self.size - 1)
+    parts: List[Node] = []
+    for d in reversed(self.shape):
+      parts.append((fidx // acc) % d)
+      acc = acc * d
+    return self.expr_idxs(parts[::-1])
+
+  def axis_is_masked(self, axis: int) -> bool:
+    """True when the validity depends on dim axis."""
+    _, valid = self.expr_idxs()
+    return f"idx{axis}" in [v.expr for v in valid.vars()]
+
+  def simplify(self) -> ShapeTracker:
+    """Merge the last two views while they can be one."""
+    if len(self.views) >= 2 and (new_view := self.views[-2] + self.views[-1]) is not None:
+      return ShapeTracker(self.views[:-2] + (new_view,)).simplify()
+    return self
+
+  # *** movement ops ***
+
+  def pad(self, arg: Tuple[Tuple[sint, sint], ...]) -> ShapeTracker:
+    return ShapeTracker(self.views[0:-1] + (self.views[-1].pad(tuple(arg)),))
+
+  def shrink(self, arg: Tuple[Tuple[sint, sint], ...]) -> ShapeTracker:
+    return ShapeTracker(self.views[0:-1] + (self.views[-1].shrink(tuple(arg)),))
+
+  def expand(self, new_shape: Tuple[sint, ...]) -> ShapeTracker:
+    return ShapeTracker(self.views[0:-1] + (self.views[-1].expand(tuple(new_shape)),))
+
+  def permute(self, axis: Tuple[int, ...]) -> ShapeTracker:
+    return ShapeTracker(self.views[0:-1] + (self.views[-1].permute(tuple(axis)),))
+
+  def stride(self, mul: Tuple[int, ...]) -> ShapeTracker:
+    return ShapeTracker(self.views[0:-1] + (self.views[-1].stride(tuple(mul)),))
+
+  def reshape(self, new_shape: Tuple[sint, ...]) -> ShapeTracker:
+    new_shape = tuple(new_shape)
+    if (new_view := self.views[-1].reshape(new_shape)) is not None:
+      return ShapeTracker(self.views[0:-1] + (new_view,))
+    return ShapeTracker(self.views + (View.create(new_shape),))
+

@@ -1,0 +1,58 @@
+"""BEAM search: the chosen opts are valid, the kernel is correct (numpy), and a second search comes from the disk cache."""
+import numpy as np
+import pytest
+
+import tiny.helpers as helpers
+from tiny.engine import search
+from tiny.engine.realize import get_kernel
+from tiny.engine.schedule import create_schedule
+from tiny.helpers import Context
+from tiny.ops import MetaOps
+from tiny.tensor import Tensor
+
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):
+  monkeypatch.setattr(helpers, "CACHEDB", str(tmp_path / "cache.db"))
+  monkeypatch.setenv("PARALLEL", "0")
+  yield
+
+
+def _matmul_ast():
+  a, b = Tensor.rand(16, 16).realize(), Tensor.rand(16, 16).realize()
+  out = a @ b
+  sched = [si for si in create_schedule([out.lazydata]) if si.ast.op is MetaOps.KERNEL]
+  assert len(sched) == 1
+  return a, b, out, sched[0]
+
+
+def test_beam_result_is_valid_and_correct(fresh_cache):
+  from tiny.codegen.kernel import Kernel
+  from tiny.registry import Device
+  a, b, out, si = _matmul_ast()
+  with Context(BEAM=2):
+    k = get_kernel(Device[Device.DEFAULT].renderer, si.ast)
+  # the opts replay cleanly on a fresh kernel: each one is valid
+  k2 = Kernel(si.ast, opts=Device[Device.DEFAULT].renderer)
+  for o in k.applied_opts:
+    k2.apply_opt(o)
+  assert k2.applied_opts == k.applied_opts
+  from tiny.engine.realize import CompiledRunner
+  runner = CompiledRunner(k.to_program())
+  for buf in si.bufs:
+    buf.ensure_allocated()
+  runner([si.bufs[i if isinstance(i, int) else i[0]] for i in runner.p.globals], {})
+  np.testing.assert_allclose(si.bufs[0].numpy().reshape(16, 16), a.numpy() @ b.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_second_search_comes_from_cache(fresh_cache):
+  from tiny.registry import Device
+  _, _, _, si = _matmul_ast()
+  with Context(BEAM=2):
+    k1 = get_kernel(Device[Device.DEFAULT].renderer, si.ast)
+  compiled_before, hits_before = search.search_stats["compiled"], search.search_stats["cache_hits"]
+  with Context(BEAM=2):
+    k2 = get_kernel(Device[Device.DEFAULT].renderer, si.ast)
+  assert search.search_stats["compiled"] == compiled_before, "a cached search must not compile candidates"
+  assert search.search_stats["cache_hits"] == hits_before + 1
+  assert k2.applied_opts == k1.applied_opts

@@ -1,0 +1,699 @@
+"""Model state: naming tensors, loading them into models, and reading/writing weight files.
+
+File readers never trust the file: every length, offset, dtype and shape is checked against the file before it is used,
+and anything wrong raises a `WeightFileError` (a `ValueError`) that says what is wrong and where.
+Tensors from safetensors and torch zip/legacy files are views of the file on the DISK device (no copy until used).
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import struct
+import zipfile
+from collections import OrderedDict
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+
+import numpy as np
+
+from tiny.dtype import DType, dtypes
+from tiny.helpers import CI, prod, tqdm
+from tiny.tensor import Tensor
+
+__all__ = ["StateDictError", "UnsafePickleError", "WeightFileError", "get_parameters", "get_state_dict", "gguf_load", "load_state_dict",
+           "safe_load", "safe_load_metadata", "safe_save", "torch_load"]
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+class WeightFileError(ValueError):
+  """A weight file is truncated, malformed or inconsistent."""
+
+
+class StateDictError(ValueError):
+  """A state dict does not fit the model (missing or unexpected names, wrong shapes or dtypes)."""
+
+
+class UnsafePickleError(pickle.UnpicklingError, WeightFileError):
+  """A pickle asked for a global that torch_load does not allow."""
+
+
+# ---------------------------------------------------------------- state dicts
+
+def get_state_dict(obj: Any, prefix: str = "", tensor_type: type = Tensor) -> Dict[str, Tensor]:
+  """Every tensor reachable from `obj` through attributes, dicts, lists and tuples, named by its dotted path.
+
+  >>> class Net:
+  ...   def __init__(self): self.l1 = Linear(2, 3)
+  >>> sorted(get_state_dict(Net()))  # ['l1.bias', 'l1.weight']
+  """
+  out: Dict[str, Tensor] = {}
+  _collect(obj, prefix, tensor_type, out, set())
+  return out
+
+
+def _collect(obj: Any, prefix: str, tensor_type: type, out: Dict[str, Tensor], seen: set) -> None:
+  if isinstance(obj, tensor_type):
+    out[prefix.strip(".")] = obj
+    return
+  if id(obj) in seen:
+    return  # cycles (e.g. a layer holding its parent) would recurse forever
+  if hasattr(obj, "_asdict"):  # namedtuple
+    seen.add(id(obj))
+    for k, v in obj._asdict().items():
+      _collect(v, f"{prefix}{k}.", tensor_type, out, seen)
+  elif isinstance(obj, dict):
+    seen.add(id(obj))
+    for k, v in obj.items():
+      _collect(v, f"{prefix}{k}.", tensor_type, out, seen)
+  elif isinstance(obj, (list, tuple)):
+    seen.add(id(obj))
+    for i, v in enumerate(obj):
+      _collect(v, f"{prefix}{i}.", tensor_type, out, seen)
+  elif hasattr(obj, "__dict__") and not isinstance(obj, type):
+    seen.add(id(obj))
+    for k, v in vars(obj).items():
+      _collect(v, f"{prefix}{k}.", tensor_type, out, seen)
+
+
+def get_parameters(obj: Any) -> List[Tensor]:
+  """All tensors of `obj` (see `get_state_dict`), in attribute order; pass them to an optimizer."""
+  return list(get_state_dict(obj).values())
+
+
+def _fits(model_shape: Tuple[int, ...], file_shape: Tuple[int, ...]) -> bool:
+  # torch stores counters like BatchNorm's num_batches_tracked as 0-d tensors where tiny_nn keeps shape (1,)
+  return model_shape == file_shape or (prod(model_shape) == 1 and prod(file_shape) == 1)
+
+
+def load_state_dict(model: Any, state_dict: Dict[str, Tensor], strict: bool = True, verbose: bool = True, consume: bool = False) -> None:
+  """Copies the tensors of `state_dict` into the model's tensors of the same name (on the model tensor's device).
+
+  With `strict`, a name the model has but the dict lacks, or the dict has but the model lacks, raises `StateDictError`;
+  shapes and dtypes must always match. With `consume`, loaded entries are deleted from `state_dict` to free memory early.
+  """
+  model_sd = get_state_dict(model)
+  missing = [k for k in model_sd if k not in state_dict]
+  unexpected = [k for k in state_dict if k not in model_sd]
+  if strict and (missing or unexpected):
+    parts = []
+    if missing:
+      parts.append(f"missing from the state dict: {', '.join(missing[:20])}{' ...' if len(missing) > 20 else ''}")
+    if unexpected:
+      parts.append(f"not in the model: {', '.join(unexpected[:20])}{' ...' if len(unexpected) > 20 else ''}")
+    raise StateDictError("state dict does not match the model (pass strict=False to load the common names): " + "; ".join(parts))
+  problems = []
+  for k, v in model_sd.items():
+    if k not in state_dict:
+      continue
+    src = state_dict[k]
+    if not isinstance(src, Tensor):
+      problems.append(f"{k}: expected a Tensor, got {type(src).__name__}")
+    elif not _fits(tuple(v.shape), tuple(src.shape)):
+      problems.append(f"{k}: shape {tuple(src.shape)} in the state dict, {tuple(v.shape)} in the model")
+    elif src.dtype != v.dtype:
+      problems.append(f"{k}: dtype {src.dtype} in the state dict, {v.dtype} in the model (cast it before loading)")
+  if problems:
+    raise StateDictError("state dict does not fit the model: " + "; ".join(problems))
+  bar = tqdm(list(model_sd.items()), disable=CI or not verbose, desc="loading state dict")
+  for k, v in bar:
+    if k not in state_dict:
+      continue
+    src = state_dict[k].detach().to(v.device)
+    if src.shape != v.shape:
+      src = src.reshape(v.shape)
+    v.replace(src).realize()
+    if consume:
+      del state_dict[k]
+
+
+# ---------------------------------------------------------------- safetensors
+
+safe_dtypes: Dict[str, DType] = {"BOOL": dtypes.bool, "I8": dtypes.int8, "U8": dtypes.uint8, "I16": dtypes.int16, "U16": dtypes.uint16,
+                                 "I32": dtypes.int32, "U32": dtypes.uint32, "I64": dtypes.int64, "U64": dtypes.uint64, "F16": dtypes.float16,
+                                 "BF16": dtypes.bfloat16, "F32": dtypes.float32, "F64": dtypes.float64}
+inverse_safe_dtypes: Dict[DType, str] = {v: k for k, v in safe_dtypes.items()}
+_MAX_SAFE_HEADER = 100_000_000  # the safetensors format caps the JSON header at 100 MB
+
+
+def _disk_tensor(fn: PathLike) -> Tensor:
+  return Tensor.empty(os.stat(fn).st_size, dtype=dtypes.uint8, device=f"disk:{os.fspath(fn)}")
+
+
+def _read_prefix(fn: Union[Tensor, PathLike], n: int) -> bytes:
+  if isinstance(fn, Tensor):
+    return bytes(fn[:n].numpy().tobytes()) if n else b""
+  with open(fn, "rb") as f:
+    return f.read(n)
+
+
+def _size_of(fn: Union[Tensor, PathLike]) -> int:
+  return int(fn.shape[0]) if isinstance(fn, Tensor) else os.stat(fn).st_size
+
+
+def _parse_safe_header(raw: bytes, file_size: int, where: str) -> Tuple[int, Dict[str, Any]]:
+  if file_size < 8:
+    raise WeightFileError(f"{where}: truncated safetensors file ({file_size} bytes, the header length alone needs 8)")
+  (json_len,) = struct.unpack("<Q", raw[:8])
+  if json_len > _MAX_SAFE_HEADER:
+    raise WeightFileError(f"{where}: safetensors header length {json_len} is larger than the 100 MB limit")
+  if 8 + json_len > file_size:
+    raise WeightFileError(f"{where}: truncated safetensors file: header says {json_len} bytes of JSON but only {file_size - 8} follow")
+  try:
+    header = json.loads(raw[8:8 + json_len].decode("utf-8"))
+  except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise WeightFileError(f"{where}: safetensors header is not valid JSON: {e}") from None
+  if not isinstance(header, dict):
+    raise WeightFileError(f"{where}: safetensors header must be a JSON object, got {type(header).__name__}")
+  data_size = file_size - 8 - json_len
+  for name, info in header.items():
+    if name == "__metadata__":
+      if not isinstance(info, dict):
+        raise WeightFileError(f"{where}: __metadata__ must be an object of strings")
+      continue
+    if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= set(info):
+      raise WeightFileError(f"{where}: entry {name!r} needs dtype, shape and data_offsets")
+    dt, shape, offs = info["dtype"], info["shape"], info["data_offsets"]
+    if dt not in safe_dtypes:
+      raise WeightFileError(f"{where}: entry {name!r} has unknown dtype {dt!r} (known: {', '.join(safe_dtypes)})")
+    if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape):
+      raise WeightFileError(f"{where}: entry {name!r} has an invalid shape {shape!r}")
+    if (not isinstance(offs, list) or len(offs) != 2 or not all(isinstance(o, int) and not isinstance(o, bool) for o in offs)
+        or not 0 <= offs[0] <= offs[1]):
+      raise WeightFileError(f"{where}: entry {name!r} has invalid data_offsets {offs!r}")
+    if offs[1] > data_size:
+      raise WeightFileError(f"{where}: entry {name!r} ends at byte {offs[1]} of the data section, which has only {data_size} bytes (truncated?)")
+    want = prod(shape) * safe_dtypes[dt].itemsize
+    if offs[1] - offs[0] != want:
+      raise WeightFileError(f"{where}: entry {name!r} has {offs[1] - offs[0]} bytes but {dt}{shape} needs {want}")
+  return json_len, header
+
+
+def safe_load_metadata(fn: Union[Tensor, PathLike]) -> Tuple[Tensor, int, Dict[str, Any]]:
+  """Validates a safetensors file and returns (the file as a uint8 DISK tensor, JSON header length, parsed header)."""
+  where = "<tensor>" if isinstance(fn, Tensor) else os.fspath(fn)
+  size = _size_of(fn)
+  head = _read_prefix(fn, min(size, 8))
+  json_len = struct.unpack("<Q", head)[0] if len(head) == 8 else 0
+  raw = _read_prefix(fn, min(size, 8 + json_len)) if len(head) == 8 and json_len <= _MAX_SAFE_HEADER else head
+  json_len, header = _parse_safe_header(raw, size, where)
+  t = fn if isinstance(fn, Tensor) else _disk_tensor(fn)
+  return t, json_len, header
+
+
+def _on_disk(t: Tensor) -> bool:
+  return isinstance(t.device, str) and t.device.upper().startswith("DISK")
+
+
+def _bytes_as(t: Tensor, start: int, nbytes: int, dtype: DType, shape: Tuple[int, ...]) -> Tensor:
+  """Bytes [start, start+nbytes) of the uint8 tensor `t` reinterpreted as `dtype` with `shape` (a view when `t` is on DISK)."""
+  if prod(shape) == 0:
+    return Tensor.zeros(*shape, dtype=dtype)
+  chunk = t[start:start + nbytes]
+  # a bitcast that changes the element size exists only on DISK; other input goes through numpy
+  out = (chunk if dtype == dtypes.uint8 else chunk.bitcast(dtype)) if _on_disk(t) else _np_bytes_to_tensor(chunk.numpy().tobytes(), dtype)
+  return out.reshape(shape)
+
+
+def _np_bytes_to_tensor(b: bytes, dtype: DType) -> Tensor:
+  if dtype == dtypes.bfloat16:
+    return Tensor(np.frombuffer(b, dtype=np.uint16).copy()).bitcast(dtypes.bfloat16)
+  return Tensor(np.frombuffer(b, dtype=_NP_DTYPES[dtype]).copy())
+
+
+_NP_DTYPES: Dict[DType, Any] = {dtypes.bool: np.bool_, dtypes.int8: np.int8, dtypes.uint8: np.uint8, dtypes.int16: np.int16, dtypes.uint16: np.uint16,
+                                dtypes.int32: np.int32, dtypes.uint32: np.uint32, dtypes.int64: np.int64, dtypes.uint64: np.uint64,
+                                dtypes.float16: np.float16, dtypes.float32: np.float32, dtypes.float64: np.float64}
+
+
+def safe_load(fn: Union[Tensor, PathLike]) -> Dict[str, Tensor]:
+  """Reads a safetensors file: {name: tensor}, each a view of the file on the DISK device (move it with `.to(device)`)."""
+  t, json_len, header = safe_load_metadata(fn)
+  base = 8 + json_len
+  return {k: _bytes_as(t, base + v["data_offsets"][0], v["data_offsets"][1] - v["data_offsets"][0], safe_dtypes[v["dtype"]], tuple(v["shape"]))
+          for k, v in header.items() if k != "__metadata__"}
+
+
+def _tensor_bytes(t: Tensor) -> bytes:
+  t = t.detach()
+  if t.dtype == dtypes.bfloat16:
+    t = t.bitcast(dtypes.uint16)
+  return np.ascontiguousarray(t.numpy()).tobytes()
+
+
+def safe_save(tensors: Dict[str, Tensor], fn: PathLike, metadata: Optional[Dict[str, Any]] = None) -> None:
+  """Writes `tensors` to a safetensors file (8-byte header length, JSON header padded to 8 bytes, raw little-endian data)."""
+  headers: Dict[str, Any] = {}
+  if metadata is not None:
+    if not isinstance(metadata, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
+      raise TypeError("safetensors metadata must be a dict of str to str")
+    headers["__metadata__"] = metadata
+  blobs: List[bytes] = []
+  offset = 0
+  for k, v in tensors.items():
+    if not isinstance(k, str) or k == "__metadata__":
+      raise ValueError(f"invalid tensor name {k!r}")
+    if not isinstance(v, Tensor):
+      raise TypeError(f"{k}: expected a Tensor, got {type(v).__name__}")
+    if v.dtype not in inverse_safe_dtypes:
+      raise TypeError(f"{k}: dtype {v.dtype} cannot be stored in safetensors")
+    data = _tensor_bytes(v) if v.numel() else b""
+    headers[k] = {"dtype": inverse_safe_dtypes[v.dtype], "shape": list(v.shape), "data_offsets": [offset, offset + len(data)]}
+    blobs.append(data)
+    offset += len(data)
+  j = json.dumps(headers, separators=(",", ":"))
+  j += " " * ((8 - len(j) % 8) % 8)
+  tmp = f"{os.fspath(fn)}.tmp{os.getpid()}"
+  with open(tmp, "wb") as f:
+    f.write(struct.pack("<Q", len(j.encode())))
+    f.write(j.encode())
+    for b in blobs:
+      f.write(b)
+  os.replace(tmp, fn)  # never leave a half-written file under the real name
+
+
+# ---------------------------------------------------------------- torch checkpoints
+
+_torch_storages: Dict[str, DType] = {
+  "FloatStorage": dtypes.float32, "HalfStorage": dtypes.float16, "BFloat16Storage": dtypes.bfloat16,
+                                     "DoubleStorage": dtypes.float64, "LongStorage": dtypes.int64, "IntStorage": dtypes.int32,
+                                     "ShortStorage": dtypes.int16, "CharStorage": dtypes.int8, "ByteStorage": dtypes.uint8,
+  "BoolStorage": dtypes.bool}
+_torch_dtypes: Dict[str, DType] = {"float32": dtypes.float32, "float": dtypes.float32, "float16": dtypes.float16, "half": dtypes.float16,
+                                   "bfloat16": dtypes.bfloat16, "float64": dtypes.float64, "double": dtypes.float64, "int64": dtypes.int64,
+                                   "long": dtypes.int64, "int32": dtypes.int32, "int": dtypes.int32, "int16": dtypes.int16, "short": dtypes.int16,
+                                   "int8": dtypes.int8, "uint8": dtypes.uint8, "bool": dtypes.bool}
+
+
+class _Storage:
+  """A torch storage named in the pickle; its bytes are located later (zip member or legacy trailer)."""
+
+  def __init__(self, key: str, dtype: DType, numel: int):
+    self.key, self.dtype, self.numel = key, dtype, numel
+    self.tensor: Optional[Tensor] = None  # 1-d tensor of numel elements, set once the file offsets are known
+
+
+class _Pending:
+  """A tensor the pickle asked to rebuild: storage + offset + size + stride, materialized after unpickling."""
+
+  def __init__(self, storage: _Storage, offset: int, size: Tuple[int, ...], stride: Tuple[int, ...]):
+    if not isinstance(storage, _Storage):
+      raise WeightFileError("torch checkpoint rebuilds a tensor from something that is not a storage")
+    layout = (offset, *size, *stride)
+    if not all(isinstance(x, int) and x >= 0 for x in layout) or len(size) != len(stride):
+      raise WeightFileError(f"torch checkpoint has an invalid tensor layout: offset={offset!r} size={size!r} stride={stride!r}")
+    if prod(size) and offset + sum((s - 1) * st for s, st in zip(size, stride)) >= storage.numel:
+      raise WeightFileError(f"torch checkpoint tensor of size {tuple(size)} at offset {offset} does not fit its storage of {storage.numel} elements")
+    self.storage, self.offset, self.size, self.stride = storage, offset, tuple(size), tuple(stride)
+
+  def materialize(self) -> Tensor:
+    st, dt = self.storage.tensor, self.storage.dtype
+    assert st is not None, "storage bytes not located"
+    size, stride, n = self.size, self.stride, prod(self.size)
+    if n == 0:
+      return Tensor.zeros(*size, dtype=dt)
+    if _contiguous(size, stride):
+      return st[self.offset:self.offset + n].reshape(size)
+    # a permuted view of a contiguous block (e.g. a saved transpose): reshape to the stored order, then permute back
+    order = sorted(range(len(size)), key=lambda i: (-stride[i], i))
+    if _contiguous(tuple(size[i] for i in order), tuple(stride[i] for i in order)):
+      block = st[self.offset:self.offset + n].to(None)
+      inverse = [order.index(i) for i in range(len(size))]
+      return block.reshape(tuple(size[i] for i in order)).permute(inverse)
+    # anything else (broadcast zero strides, gaps): gather it on the host
+    extent = 1 + sum((s - 1) * st_ for s, st_ in zip(size, stride))
+    host = st[self.offset:self.offset + extent].to(None)
+    arr = _host_numpy(host)
+    item = arr.itemsize
+    view = np.lib.stride_tricks.as_strided(arr, shape=size, strides=tuple(s * item for s in stride))
+    return _np_to_tensor(np.ascontiguousarray(view), dt)
+
+
+def _host_numpy(t: Tensor) -> np.ndarray:
+  return t.bitcast(dtypes.uint16).numpy() if t.dtype == dtypes.bfloat16 else t.numpy()
+
+
+def _np_to_tensor(a: np.ndarray, dt: DType) -> Tensor:
+  return Tensor(a).bitcast(dtypes.bfloat16) if dt == dtypes.bfloat16 else Tensor(a)
+
+
+def _contiguous(size: Tuple[int, ...], stride: Tuple[int, ...]) -> bool:
+  expect = 1
+  for s, st in zip(reversed(size), reversed(stride)):
+    if s != 1 and st != expect:
+      return False
+    expect *= s
+  return True
+
+
+class _TypeMarker:
+  """Stands for torch.Tensor / torch.nn.Parameter where a pickle names them only as types."""
+
+  def __init__(self, name: str):
+    self.name = name
+
+
+def _rebuild_tensor(storage: Any, storage_offset: int, size: Tuple[int, ...], stride: Tuple[int, ...], *_: Any) -> _Pending:
+  return _Pending(storage, storage_offset, size, stride)
+
+
+def _rebuild_tensor_v3(storage: Any, storage_offset: int, size: Tuple[int, ...], stride: Tuple[int, ...], requires_grad: Any,
+                       backward_hooks: Any, dtype: Any, *_: Any) -> _Pending:
+  if isinstance(dtype, DType) and isinstance(storage, _Storage):
+    storage.dtype = dtype
+  return _Pending(storage, storage_offset, size, stride)
+
+
+def _rebuild_parameter(data: Any, *_: Any) -> Any:
+  return data
+
+
+def _rebuild_from_type_v2(func: Callable, new_type: Any, args: Tuple[Any, ...], state: Any) -> Any:
+  if not callable(func) or not isinstance(args, tuple):
+    raise WeightFileError("torch checkpoint has a malformed tensor rebuild call")
+  return func(*args)
+
+
+def _ordered_dict(*args: Any) -> OrderedDict:
+  return OrderedDict(*args)
+
+
+def _torch_globals() -> Dict[Tuple[str, str], Any]:
+  allowed: Dict[Tuple[str, str], Any] = {
+    ("torch._utils", "_rebuild_tensor"): _rebuild_tensor, ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor,
+    ("torch._utils", "_rebuild_tensor_v3"): _rebuild_tensor_v3, ("torch._utils", "_rebuild_parameter"): _rebuild_parameter,
+    ("torch._utils", "_rebuild_parameter_with_state"): _rebuild_parameter, ("torch._tensor", "_rebuild_from_type_v2"): _rebuild_from_type_v2,
+    ("collections", "OrderedDict"): _ordered_dict, ("torch", "Size"): tuple,
+    ("torch", "Tensor"): _TypeMarker("Tensor"), ("torch.nn.parameter", "Parameter"): _TypeMarker("Parameter"),
+  }
+  for name, dt in _torch_storages.items():
+    allowed[("torch", name)] = dt
+  for name, dt in _torch_dtypes.items():
+    allowed[("torch", name)] = dt
+  return allowed
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+  """Unpickles only the names a torch state dict needs; any other global (os.system, builtins.eval, ...) is refused."""
+
+  def __init__(self, f: Any, where: str, storages: Dict[str, _Storage]):
+    super().__init__(f)
+    self.where, self.storages, self.allowed = where, storages, _torch_globals()
+
+  def find_class(self, module: str, name: str) -> Any:
+    if (module, name) in self.allowed:
+      return self.allowed[(module, name)]
+    raise UnsafePickleError(f"{self.where}: refusing to load global '{module}.{name}': torch_load only allows torch tensor and storage names "
+                            "(a checkpoint that needs arbitrary code is unsafe; convert it to safetensors with torch)")
+
+  def persistent_load(self, pid: Any) -> Any:
+    if not isinstance(pid, tuple) or len(pid) < 5 or pid[0] != "storage":
+      raise WeightFileError(f"{self.where}: unsupported persistent id in torch checkpoint: {pid!r:.100}")
+    storage_type, key, numel = pid[1], str(pid[2]), pid[4]
+    if not isinstance(storage_type, DType):
+      raise WeightFileError(f"{self.where}: storage {key} has an unknown type {storage_type!r:.60}")
+    if len(pid) > 5 and pid[5] is not None:
+      raise WeightFileError(f"{self.where}: legacy storage views are not supported")
+    if not isinstance(numel, int) or numel < 0:
+      raise WeightFileError(f"{self.where}: storage {key} has an invalid size {numel!r}")
+    if key not in self.storages:
+      self.storages[key] = _Storage(key, storage_type, numel)
+    return self.storages[key]
+
+
+def _unpickle(data: Union[bytes, Any], where: str, storages: Dict[str, _Storage]) -> Any:
+  f = io.BytesIO(data) if isinstance(data, (bytes, bytearray)) else data
+  try:
+    return _RestrictedUnpickler(f, where, storages).load()
+  except (WeightFileError, UnsafePickleError):
+    raise
+  except (pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError, IndexError, AttributeError, struct.error, UnicodeDecodeError) as e:
+    raise WeightFileError(f"{where}: malformed torch pickle: {type(e).__name__}: {e}") from None
+
+
+def _materialize(obj: Any) -> Any:
+  if isinstance(obj, _Pending):
+    return obj.materialize()
+  if isinstance(obj, OrderedDict):
+    return OrderedDict((k, _materialize(v)) for k, v in obj.items())
+  if isinstance(obj, dict):
+    return {k: _materialize(v) for k, v in obj.items()}
+  if isinstance(obj, list):
+    return [_materialize(v) for v in obj]
+  if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
+    return tuple(_materialize(v) for v in obj)
+  return obj
+
+
+_ZIP_LOCAL_HEADER = 30
+
+
+def _zip_member_offset(fn: PathLike, info: zipfile.ZipInfo, file_size: int, where: str) -> int:
+  if info.compress_type != zipfile.ZIP_STORED:
+    raise WeightFileError(f"{where}: {info.filename} is compressed; torch checkpoints store data raw")
+  with open(fn, "rb") as f:
+    f.seek(info.header_offset)
+    head = f.read(_ZIP_LOCAL_HEADER)
+  if len(head) != _ZIP_LOCAL_HEADER or head[:4] != b"PK\x03\x04":
+    raise WeightFileError(f"{where}: bad zip local header for {info.filename}")
+  name_len, extra_len = struct.unpack("<HH", head[26:30])
+  start = info.header_offset + _ZIP_LOCAL_HEADER + name_len + extra_len
+  if start + info.file_size > file_size:
+    raise WeightFileError(f"{where}: {info.filename} runs past the end of the file (truncated?)")
+  return start
+
+
+def _attach(storage: _Storage, disk: Tensor, start: int, nbytes: int, where: str) -> None:
+  need = storage.numel * storage.dtype.itemsize
+  if nbytes < need:
+    raise WeightFileError(f"{where}: storage {storage.key} has {nbytes} bytes but {storage.numel} x {storage.dtype} needs {need}")
+  storage.tensor = _bytes_as(disk, start, need, storage.dtype, (storage.numel,)) if need else Tensor.zeros(0, dtype=storage.dtype)
+
+
+def _torch_load_zip(fn: PathLike, where: str, size: int) -> Any:
+  try:
+    zf = zipfile.ZipFile(fn)
+  except (zipfile.BadZipFile, OSError, ValueError) as e:
+    raise WeightFileError(f"{where}: not a readable torch zip checkpoint: {e}") from None
+  with zf:
+    pkls = [n for n in zf.namelist() if n.endswith("/data.pkl") or n == "data.pkl"]
+    if len(pkls) != 1:
+      raise WeightFileError(f"{where}: expected one data.pkl in the torch zip checkpoint, found {len(pkls)}")
+    base = pkls[0][:-len("data.pkl")]
+    byteorder = f"{base}byteorder"
+    if byteorder in zf.namelist() and zf.read(byteorder).strip() not in (b"little", b""):
+      raise WeightFileError(f"{where}: big-endian torch checkpoints are not supported")
+    try:
+      pkl = zf.read(pkls[0])
+    except (zipfile.BadZipFile, OSError, EOFError) as e:
+      raise WeightFileError(f"{where}: cannot read {pkls[0]}: {e}") from None
+    storages: Dict[str, _Storage] = {}
+    obj = _unpickle(pkl, where, storages)
+    disk = _disk_tensor(fn) if storages else None
+    for key, s in storages.items():
+      try:
+        info = zf.getinfo(f"{base}data/{key}")
+      except KeyError:
+        raise WeightFileError(f"{where}: storage {key} is named in the pickle but {base}data/{key} is missing") from None
+      assert disk is not None
+      _attach(s, disk, _zip_member_offset(fn, info, size, where), info.file_size, where)
+  return _materialize(obj)
+
+
+_LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
+_LEGACY_PROTOCOL = 1001
+
+
+def _torch_load_legacy(fn: PathLike, where: str, size: int) -> Any:
+  storages: Dict[str, _Storage] = {}
+  with open(fn, "rb") as f:
+    magic = _unpickle(f, where, {})
+    if magic != _LEGACY_MAGIC:
+      raise WeightFileError(f"{where}: not a torch checkpoint (neither a zip file nor the legacy magic number)")
+    if _unpickle(f, where, {}) != _LEGACY_PROTOCOL:
+      raise WeightFileError(f"{where}: unsupported legacy torch protocol version")
+    sys_info = _unpickle(f, where, {})
+    if isinstance(sys_info, dict) and not sys_info.get("little_endian", True):
+      raise WeightFileError(f"{where}: big-endian torch checkpoints are not supported")
+    obj = _unpickle(f, where, storages)
+    keys = _unpickle(f, where, {})
+    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+      raise WeightFileError(f"{where}: malformed legacy storage key list")
+    disk = _disk_tensor(fn) if keys else None
+    for key in keys:
+      head = f.read(8)
+      if len(head) != 8:
+        raise WeightFileError(f"{where}: truncated legacy checkpoint (storage {key} header missing)")
+      (numel,) = struct.unpack("<q", head)
+      if key not in storages:
+        raise WeightFileError(f"{where}: storage {key} in the trailer is not named in the pickle")
+      s = storages[key]
+      if numel != s.numel:
+        raise WeightFileError(f"{where}: storage {key} has {numel} elements in the trailer but {s.numel} in the pickle")
+      start, nbytes = f.tell(), numel * s.dtype.itemsize
+      if start + nbytes > size:
+        raise WeightFileError(f"{where}: storage {key} runs past the end of the file (truncated?)")
+      assert disk is not None
+      _attach(s, disk, start, nbytes, where)
+      f.seek(start + nbytes)
+  missing = [k for k, s in storages.items() if s.tensor is None]
+  if missing:
+    raise WeightFileError(f"{where}: storages {missing[:5]} are named in the pickle but have no data")
+  return _materialize(obj)
+
+
+def torch_load(fn: PathLike) -> Dict[str, Tensor]:
+  """Reads a checkpoint written by `torch.save` (zip format, or the legacy format of `_use_new_zipfile_serialization=False`).
+
+  Only the pickle globals a state dict needs are allowed (tensor rebuild functions, storage types, OrderedDict); any other
+  global raises `UnsafePickleError` before it is looked up, so a hostile file cannot run code. Contiguous tensors are views
+  of the file on the DISK device.
+  """
+  where = os.fspath(fn)
+  size = os.stat(fn).st_size
+  with open(fn, "rb") as f:
+    magic = f.read(4)
+  if len(magic) < 2:
+    raise WeightFileError(f"{where}: empty or truncated torch checkpoint ({size} bytes)")
+  if magic[:2] == b"PK":
+    return _torch_load_zip(fn, where, size)
+  if magic[:1] == b"\x80":
+    return _torch_load_legacy(fn, where, size)
+  raise WeightFileError(f"{where}: not a torch checkpoint (starts with {magic!r}; tar-format checkpoints from torch < 0.4 are not supported)")
+
+
+# ---------------------------------------------------------------- gguf
+
+_GGUF_SCALARS: Dict[int, Tuple[str, int]] = {0: ("<B", 1), 1: ("<b", 1), 2: ("<H", 2), 3: ("<h", 2), 4: ("<I", 4), 5: ("<i", 4), 6: ("<f", 4),
+                                             7: ("<?", 1), 10: ("<Q", 8), 11: ("<q", 8), 12: ("<d", 8)}
+_GGUF_STRING, _GGUF_ARRAY = 8, 9
+# ggml type id -> (name, elements per block, bytes per block)
+GGML_TYPES: Dict[int, Tuple[str, int, int]] = {0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 8: ("Q8_0", 32, 34),
+                                               30: ("BF16", 1, 2)}
+
+
+class _Reader:
+  def __init__(self, buf: Any, where: str):
+    self.buf, self.pos, self.where = buf, 0, where
+
+  def take(self, n: int, what: str) -> bytes:
+    if n < 0 or self.pos + n > len(self.buf):
+      raise WeightFileError(f"{self.where}: truncated GGUF file while reading {what} at byte {self.pos} (needs {n}, file has {len(self.buf)})")
+    out = bytes(self.buf[self.pos:self.pos + n])
+    self.pos += n
+    return out
+
+  def unpack(self, fmt: str, what: str) -> Any:
+    return struct.unpack(fmt, self.take(struct.calcsize(fmt), what))[0]
+
+  def string(self, what: str) -> str:
+    n = self.unpack("<Q", f"{what} length")
+    try:
+      return self.take(n, what).decode("utf-8")
+    except UnicodeDecodeError:
+      raise WeightFileError(f"{self.where}: {what} is not valid UTF-8") from None
+
+  def value(self, vtype: int, what: str, depth: int = 0) -> Any:
+    if vtype in _GGUF_SCALARS:
+      return self.unpack(_GGUF_SCALARS[vtype][0], what)
+    if vtype == _GGUF_STRING:
+      return self.string(what)
+    if vtype == _GGUF_ARRAY:
+      if depth > 4:
+        raise WeightFileError(f"{self.where}: {what} nests arrays too deeply")
+      etype, count = self.unpack("<I", f"{what} element type"), self.unpack("<Q", f"{what} length")
+      if count > len(self.buf) - self.pos:
+        raise WeightFileError(f"{self.where}: {what} claims {count} elements, more than the file holds")
+      if etype in _GGUF_SCALARS:  # numeric arrays (token scores, ids) can be long: read them in one go
+        fmt, sz = _GGUF_SCALARS[etype]
+        return list(struct.unpack(f"<{count}{fmt[1]}", self.take(count * sz, what)))
+      return [self.value(etype, what, depth + 1) for _ in range(count)]
+    raise WeightFileError(f"{self.where}: {what} has unknown GGUF value type {vtype}")
+
+
+def _dequantize(raw: np.ndarray, ggml_type: int, n: int) -> np.ndarray:
+  """raw uint8 bytes of `n` elements of a ggml type -> float32 (F32/F16 are reinterpreted, quantized blocks are expanded)."""
+  name, block, _ = GGML_TYPES[ggml_type]
+  if name == "F32":
+    return raw.view(np.float32)
+  if name == "F16":
+    return raw.view(np.float16).astype(np.float32)
+  if name == "BF16":
+    return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+  nb = n // block
+  if name == "Q8_0":
+    blocks = raw.reshape(nb, 34)
+    d = blocks[:, :2].copy().view(np.float16).astype(np.float32)
+    return (d * blocks[:, 2:].view(np.int8).astype(np.float32)).reshape(-1)
+  if name in ("Q4_0", "Q4_1"):
+    head = 2 if name == "Q4_0" else 4
+    blocks = raw.reshape(nb, head + 16)
+    d = blocks[:, :2].copy().view(np.float16).astype(np.float32)
+    qs = blocks[:, head:]
+    # element j of a block is the low nibble of byte j for j < 16, the high nibble of byte j-16 otherwise
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=1).astype(np.float32)
+    if name == "Q4_0":
+      return (d * (q - 8)).reshape(-1)
+    m = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)
+    return (d * q + m).reshape(-1)
+  raise AssertionError(name)
+
+
+def gguf_load(fn: Union[Tensor, PathLike]) -> Tuple[Dict[str, Any], Dict[str, Tensor]]:
+  """Reads a GGUF (v2/v3) file: returns (key/value metadata, {name: tensor}).
+
+  F32 tensors keep their dtype, F16 stays float16, and the quantized types (Q4_0, Q4_1, Q8_0) and BF16 are dequantized
+  to float32. Shapes are in row-major order (GGUF lists dimensions fastest-first; they are reversed here).
+  """
+  where = "<tensor>" if isinstance(fn, Tensor) else os.fspath(fn)
+  if isinstance(fn, Tensor):
+    buf: Any = fn.numpy().reshape(-1).view(np.uint8)
+  else:
+    if os.stat(fn).st_size == 0:
+      raise WeightFileError(f"{where}: empty GGUF file")
+    buf = np.memmap(fn, dtype=np.uint8, mode="r")
+  r = _Reader(buf, where)
+  if r.take(4, "magic") != b"GGUF":
+    raise WeightFileError(f"{where}: not a GGUF file (bad magic)")
+  version = r.unpack("<I", "version")
+  if version not in (2, 3):
+    raise WeightFileError(f"{where}: unsupported GGUF version {version} (2 and 3 are supported)")
+  n_tensors, n_kv = r.unpack("<Q", "tensor count"), r.unpack("<Q", "metadata count")
+  if n_tensors > len(buf) or n_kv > len(buf):
+    raise WeightFileError(f"{where}: GGUF counts ({n_tensors} tensors, {n_kv} keys) exceed the file size")
+  kv: Dict[str, Any] = {}
+  for i in range(n_kv):
+    key = r.string(f"metadata key {i}")
+    kv[key] = r.value(r.unpack("<I", f"type of {key}"), f"value of {key}")
+  infos = []
+  for i in range(n_tensors):
+    name = r.string(f"tensor name {i}")
+    n_dims = r.unpack("<I", f"rank of {name}")
+    if n_dims > 8:
+      raise WeightFileError(f"{where}: tensor {name} has rank {n_dims}")
+    dims = [r.unpack("<Q", f"dims of {name}") for _ in range(n_dims)]
+    ggml_type, offset = r.unpack("<I", f"type of {name}"), r.unpack("<Q", f"offset of {name}")
+    if ggml_type not in GGML_TYPES:
+      known = ", ".join(v[0] for v in GGML_TYPES.values())
+      raise WeightFileError(f"{where}: tensor {name} has unsupported ggml type {ggml_type} (supported: {known})")
+    infos.append((name, dims, ggml_type, offset))
+  alignment = kv.get("general.alignment", 32)
+  if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+    raise WeightFileError(f"{where}: general.alignment must be a positive power of two, got {alignment!r}")
+  data_start = (r.pos + alignment - 1) // alignment * alignment
+  tensors: Dict[str, Tensor] = {}
+  for name, dims, ggml_type, offset in infos:
+    tname, block, block_bytes = GGML_TYPES[ggml_type]
+    n = prod(dims)
+    if dims and dims[0] % block:
+      raise WeightFileError(f"{where}: tensor {name}: {tname} needs the first dimension ({dims[0]}) to be a multiple of {block}")
+    nbytes = n // block * block_bytes
+    start = data_start + offset
+    if start + nbytes > len(buf):
+      raise WeightFileError(f"{where}: tensor {name} ({tname}, {nbytes} bytes at {start}) runs past the end of the file ({len(buf)} bytes)")
+    shape = tuple(reversed(dims))
+    vals = _dequantize(np.asarray(buf[start:start + nbytes]), ggml_type, n)
+    tensors[name] = Tensor(np.array(vals.reshape(shape) if shape else vals.reshape(()), dtype=np.float16 if tname == "F16" else np.float32))
+  return kv, tensors
+

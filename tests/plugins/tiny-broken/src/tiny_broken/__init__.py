@@ -1,0 +1,1 @@
+"""A tiny plugin that fails on import, to test that tiny survives it."""
