@@ -34,12 +34,14 @@ def check_layer(layer, ref, x_np, atol=1e-4, rtol=1e-4, grad=True):
   """Forward, then backward of sum(out * g) for a random g, against torch: output, input grad, parameter grads."""
   params = _copy_params(layer, ref)
   x = Tensor(x_np, requires_grad=grad)
-  for p in params.values(): p.requires_grad = True
+  for p in params.values():
+    p.requires_grad = True
   out = layer(x)
   xt = torch.tensor(x_np, requires_grad=grad)
   out_ref = ref(xt)
   np.testing.assert_allclose(out.numpy(), out_ref.detach().numpy(), atol=atol, rtol=rtol)
-  if not grad: return
+  if not grad:
+    return
   g = np.random.RandomState(1).randn(*out_ref.shape).astype(np.float32)
   (out * Tensor(g)).sum().backward()
   (out_ref * torch.tensor(g)).sum().backward()
@@ -171,12 +173,12 @@ def test_rmsnorm():
 def test_embedding():
   emb, ref = tiny_nn.Embedding(10, 4), torch.nn.Embedding(10, 4)
   params = _copy_params(emb, ref)
+  params["weight"].requires_grad = True
   idx = np.array([[1, 3, 3], [9, 0, 1]], dtype=np.int32)
   out = emb(Tensor(idx))
   out_ref = ref(torch.tensor(idx, dtype=torch.long))
   np.testing.assert_allclose(out.numpy(), out_ref.detach().numpy())
   g = rand(2, 3, 4, seed=3)
-  params["weight"].requires_grad = True
   (out * Tensor(g)).sum().backward()
   (out_ref * torch.tensor(g)).sum().backward()
   np.testing.assert_allclose(params["weight"].grad.numpy(), ref.weight.grad.numpy(), atol=1e-6)

@@ -125,7 +125,7 @@ class LLVMCompiler(Compiler):
     except RuntimeError as e:
       raise CompileError(f"LLVM rejected the IR:\n{e}", src) from e
     if hasattr(llvm, "create_pipeline_tuning_options"):
-      pto = llvm.create_pipeline_tuning_options(speed_level=self.opt, size_level=0)
+      pto = llvm.create_pipeline_tuning_options(speed_level=self.opt)
       pto.loop_vectorization = True
       pto.slp_vectorization = True
       pb = llvm.create_pass_builder(self.tm, pto)

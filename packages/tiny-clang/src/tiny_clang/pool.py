@@ -33,6 +33,7 @@ static tiny_entry_t const *job_fns;
 static const int64_t *const *job_args;
 static const int32_t *job_par;
 static int bar_arrived = 0, bar_phase = 0;
+static unsigned long start_gen[TINY_MAXT];              /* job_gen when worker p was made: it waits for the next one */
 
 static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -62,7 +63,7 @@ static void run_part(int p, int T) {
 }
 static void *worker(void *arg) {
   int p = (int)(intptr_t)arg;
-  unsigned long seen = __atomic_load_n(&job_gen, __ATOMIC_ACQUIRE);
+  unsigned long seen = start_gen[p];
   for (;;) {
     int spins = 0;
     while (__atomic_load_n(&job_gen, __ATOMIC_ACQUIRE) == seen && spins < 20000) { cpu_relax(); spins++; }
@@ -89,6 +90,7 @@ static int ensure_workers(int T) {
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    start_gen[nthr + 1] = job_gen;
     int err = pthread_create(&th, &attr, worker, (void *)(intptr_t)(nthr + 1));
     pthread_attr_destroy(&attr);
     if (err) break;

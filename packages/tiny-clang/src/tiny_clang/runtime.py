@@ -10,7 +10,7 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from tiny.device import BufferOptions, LRUAllocator
-from tiny.helpers import THREADS, flat_mv
+from tiny.helpers import THREADS, flat_mv, to_function_name
 
 from tiny_clang.pool import NativePool, get_pool, num_threads
 
@@ -77,7 +77,8 @@ class ClangProgram(CPUProgram):
   """A CLANG kernel: `lib` is a shared object exporting NAME, NAME_entry and NAME_parallel."""
 
   def __init__(self, name: str, lib: bytes):
-    self.name, self.lib = name, lib
+    # the engine passes the function name; a display name (with colors) is turned into it the same way the renderer did
+    self.name, self.lib = (name := to_function_name(name)), lib
     self.so = load_shared(lib)
     try:
       self.fxn = getattr(self.so, name)
@@ -97,7 +98,7 @@ class LLVMProgram(CPUProgram):
   def __init__(self, name: str, lib: bytes):
     from tiny_clang.compiler import host_target_machine, init_llvm
     llvm = init_llvm()
-    self.name, self.lib = name, lib
+    self.name, self.lib = (name := to_function_name(name)), lib
     with _llvm_lock:
       # the engine owns its TargetMachine, so each program gets a fresh one (sharing one segfaults at teardown)
       self.engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), host_target_machine())

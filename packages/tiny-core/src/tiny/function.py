@@ -152,6 +152,8 @@ class Sign(Function):
 # ************* binary ops *************
 
 class Less(Function):
+  differentiable = False
+
   def forward(self, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer:
     return x.e(BinaryOps.CMPLT, y)
 
@@ -160,6 +162,8 @@ class Less(Function):
 
 
 class Neq(Function):
+  differentiable = False
+
   def forward(self, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer:
     return x.e(BinaryOps.CMPNE, y)
 
@@ -168,22 +172,30 @@ class Neq(Function):
 
 
 class Xor(Function):
+  differentiable = False
+
   def forward(self, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer:
     return x.e(BinaryOps.XOR, y)
 
 
 class BitwiseAnd(Function):
+  differentiable = False
+
   def forward(self, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer:
     return x.e(BinaryOps.AND, y)
 
 
 class BitwiseOr(Function):
+  differentiable = False
+
   def forward(self, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer:
     return x.e(BinaryOps.OR, y)
 
 
 class Threefry(Function):
   """The Threefry-2x32 block cipher on uint64 counters with a uint64 key (the random number generator's core)."""
+
+  differentiable = False
 
   def forward(self, x: LazyBuffer, seed: LazyBuffer) -> LazyBuffer:
     return x.e(BinaryOps.THREEFRY, seed)

@@ -43,6 +43,8 @@ class ShapeError(TensorError):
 class Function:
   """One differentiable operation. Subclasses implement forward (on LazyBuffers) and backward (on the output gradient)."""
 
+  differentiable: ClassVar[bool] = True
+
   def __init__(self, device: Union[str, Tuple[str, ...]], *tensors: Tensor, metadata: Optional[Metadata] = None):
     self.device = device
     self.needs_input_grad = [t.requires_grad for t in tensors]
@@ -63,8 +65,10 @@ class Function:
     """Run forward on the inputs' LazyBuffers and link the result into the autograd graph."""
     ctx = fxn(x[0].device, *x, metadata=_METADATA.get())
     ret = Tensor.__new__(Tensor)
-    ret.lazydata, ret.requires_grad, ret.grad = ctx.forward(*[t.lazydata for t in x], **kwargs), ctx.requires_grad, None
-    ret._ctx = ctx if ctx.requires_grad and not Tensor.no_grad else None
+    ret.lazydata, ret.grad = ctx.forward(*[t.lazydata for t in x], **kwargs), None
+    # comparisons and bit ops have no gradient: their outputs start a fresh graph
+    ret.requires_grad = ctx.requires_grad if fxn.differentiable else False
+    ret._ctx = ctx if ctx.requires_grad and fxn.differentiable and not Tensor.no_grad else None
     return ret
 
 
@@ -632,8 +636,9 @@ class Tensor:
     for t0 in reversed(self._deepwalk()):
       ctx = t0._ctx
       assert ctx is not None
-      if t0.grad is None:
-        raise RuntimeError(f"tensor {t0} has no grad")
+      if t0.grad is None:  # nothing that was differentiated depends on t0
+        t0._ctx = None
+        continue
       token = _METADATA.set(dataclasses.replace(md, backward=True) if (md := ctx.metadata) is not None else None)
       grads = ctx.backward(t0.grad.lazydata)
       _METADATA.reset(token)
@@ -1202,6 +1207,8 @@ class Tensor:
     if self.ndim == 0:
       return self
     axis = self._resolve_dim(axis)
+    if self.shape[axis] == 0:
+      return self
     split = 256
     if self.shape[axis] <= split * 2:
       return self._cumsum(axis)
@@ -1599,7 +1606,11 @@ class Tensor:
     """Round toward zero."""
     if not dtypes.is_float(self.dtype):
       return self
-    return self.cast(dtypes.int64 if self.dtype == dtypes.float64 else dtypes.int32).cast(self.dtype)
+    # floats this big are already whole (and inf/nan must not go through an int cast)
+    limit = 2.0 ** {2: 10, 4: 23, 8: 52}[self.dtype.itemsize] if self.dtype != dtypes.bfloat16 else 2.0 ** 7
+    x = self.detach()
+    done = (x.abs() >= limit) | (x != x)
+    return done.where(x, done.where(0, x).cast(dtypes.int64 if self.dtype == dtypes.float64 else dtypes.int32).cast(self.dtype))
 
   def ceil(self) -> Tensor:
     """Round up."""
@@ -1651,6 +1662,8 @@ class Tensor:
 
   def sign(self) -> Tensor:
     """-1, 0 or 1."""
+    if dtypes.is_unsigned(self.dtype) or self.dtype == dtypes.bool:
+      return (self != 0).cast(self.dtype)
     return F.Sign.apply(self)
 
   def abs(self) -> Tensor:

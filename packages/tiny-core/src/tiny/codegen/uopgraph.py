@@ -454,10 +454,15 @@ def fold_vector_memory(sink: UOp, opts: Any) -> UOp:
   """Consecutive aligned scalar LOADs/STOREs of float buffers become one vector LOAD/STORE (+ GEPs)."""
   if opts is None or not getattr(opts, "supports_float4", False):
     return sink
+  # loads first: rewriting them rebuilds the stores that use them
+  return _fold_vector_memory(_fold_vector_memory(sink, UOps.LOAD), UOps.STORE)
+
+
+def _fold_vector_memory(sink: UOp, kind: UOps) -> UOp:
   loads: Dict[Any, Dict[int, UOp]] = defaultdict(dict)
   stores: Dict[Any, Dict[int, UOp]] = defaultdict(dict)
   for u in sink.sparents:
-    if u.op not in (UOps.LOAD, UOps.STORE) or u.src[0].op not in (UOps.DEFINE_GLOBAL, UOps.DEFINE_LOCAL):
+    if u.op is not kind or u.src[0].op not in (UOps.DEFINE_GLOBAL, UOps.DEFINE_LOCAL):
       continue
     elem = u.dtype if u.op is UOps.LOAD else u.src[2].dtype
     if elem is None or elem.count != 1 or not dtypes.is_float(elem):
@@ -535,9 +540,13 @@ def linearize_sink(sink: UOp) -> List[UOp]:
     if u.op is UOps.PHI:
       phis[u.src[0]].append(u)
   range_accs: Dict[UOp, List[UOp]] = defaultdict(list)
-  for a, rs in acc_ranges.items():
-    for r in rs:
+  # the loops of one accumulator nest in the order of its src
+  range_outer: Dict[UOp, FrozenSet[UOp]] = defaultdict(frozenset)
+  for a in acc_ranges:
+    rs = [s for s in a.src[1:] if s.op is UOps.RANGE]
+    for i, r in enumerate(rs):
       range_accs[r].append(a)
+      range_outer[r] = range_outer[r] | frozenset(rs[:i])
   glob = sorted([u for u in nodes if u.op is UOps.RANGE and not u.arg[1]], key=lambda r: (r.arg[0], topo_idx[r]))
   gset = frozenset(glob)
   empty: FrozenSet[UOp] = frozenset()
@@ -553,7 +562,7 @@ def linearize_sink(sink: UOp) -> List[UOp]:
         if not u.arg[1]:
           p = frozenset(glob[:glob.index(u) + 1])
         else:
-          p = srcs_export | gset | empty.union(*[acc_outer[a] for a in range_accs[u]]) | {u}
+          p = srcs_export | gset | range_outer[u] | empty.union(*[acc_outer[a] for a in range_accs[u]]) | {u}
         e = p
       elif u.op is UOps.DEFINE_ACC:
         p = acc_outer[u] | gset

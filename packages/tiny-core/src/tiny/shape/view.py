@@ -200,7 +200,7 @@ class View:
     ret = View.create(self.shape)
     if self.mask:
       ret = ret.shrink(self.mask)
-    ret = ret.stride(tuple(-1 if x < 0 else 1 for x in self.strides)).permute(argsort(tuple(-x if x > 0 else x for x in self.strides)))
+    ret = ret.stride(tuple(-1 if x < 0 else 1 for x in self.strides)).permute(tuple(argsort(tuple(-x if x > 0 else x for x in self.strides))))
     return ret if prod(ret.shape) == prod(out_shape) else None
 
   @functools.lru_cache(maxsize=None)  # noqa: B019

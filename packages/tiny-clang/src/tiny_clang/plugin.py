@@ -1,0 +1,71 @@
+"""tiny plugin: the CLANG and LLVM CPU devices. Importing this module is cheap: toolchains load when a device is first used."""
+from __future__ import annotations
+
+import importlib.util
+from typing import Any, List, Optional
+
+from tiny.plugins import DeviceSpec, hookimpl
+
+TINY_PLUGIN_API = "1.0"
+
+
+def _probe_clang() -> Optional[str]:
+  from tiny_clang.compiler import find_cc
+  if find_cc() is None:
+    return "no C compiler found: install clang (apt-get install clang) or gcc, or point CC at one"
+  return None
+
+
+def _probe_llvm() -> Optional[str]:
+  if importlib.util.find_spec("llvmlite") is None:
+    return "llvmlite is not installed: pip install llvmlite"
+  return None
+
+
+def _allocator(dev: str) -> Any:
+  from tiny_clang.runtime import ClangAllocator
+  return ClangAllocator()
+
+
+def _clang_renderer(dev: str) -> Any:
+  from tiny_clang.renderer import ClangRenderer
+  return ClangRenderer()
+
+
+def _clang_compiler(dev: str) -> Any:
+  from tiny_clang.compiler import ClangCompiler
+  return ClangCompiler()
+
+
+def _clang_runtime(dev: str) -> Any:
+  from tiny_clang.runtime import ClangProgram
+  return ClangProgram
+
+
+def _llvm_renderer(dev: str) -> Any:
+  from tiny_clang.llvmir import LLVMRenderer
+  return LLVMRenderer()
+
+
+def _llvm_compiler(dev: str) -> Any:
+  from tiny_clang.compiler import LLVMCompiler
+  return LLVMCompiler()
+
+
+def _llvm_runtime(dev: str) -> Any:
+  from tiny_clang.runtime import LLVMProgram
+  return LLVMProgram
+
+
+def _graph(dev: str) -> Any:
+  from tiny_clang.graph import CPUGraph
+  return CPUGraph
+
+
+@hookimpl
+def tiny_devices() -> List[DeviceSpec]:
+  """CLANG (C through clang, else cc/gcc) and LLVM (LLVM IR through llvmlite); both run kernels on every core."""
+  return [DeviceSpec(name="CLANG", allocator=_allocator, renderer=_clang_renderer, compiler=_clang_compiler, runtime=_clang_runtime,
+                     graph=_graph, priority=10, probe=_probe_clang),
+          DeviceSpec(name="LLVM", allocator=_allocator, renderer=_llvm_renderer, compiler=_llvm_compiler, runtime=_llvm_runtime,
+                     graph=_graph, priority=5, probe=_probe_llvm)]

@@ -1,0 +1,372 @@
+"""ClangRenderer: linearized UOps to portable C (clang or gcc), split across cores by the outermost parallel loop.
+
+Kernel shape (for a kernel `k` with buffers data0.. and variables):
+
+  void k(float* restrict data0, const float* restrict data1, const int n, int core, int ncores) { ... }
+  void k_entry(const long long *args, int core, int ncores) { k((float*)args[0], (const float*)args[1], (int)args[2], core, ncores); }
+  const int k_parallel = 1;
+
+The outermost loop runs only its slice [start + len*core/ncores, start + len*(core+1)/ncores) when the kernel is
+*parallel*: that loop is a global (non-reduce) loop that encloses every store. `k_parallel` tells the runtime.
+
+Numbers: vectors are GNU `vector_size` types indexed with v[i] (gcc and clang accept both). half and bfloat16 live in
+memory as 16-bit values and in registers as float, rounded back to 16 bits after every operation, which gives IEEE
+half/bf16 results on any compiler (clang 14 has no x86 _Float16 arithmetic, gcc 12 has no __bf16).
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+
+from tiny.codegen.uops import UOp, UOps
+from tiny.dtype import DType, PtrDType, dtypes
+from tiny.ops import BinaryOps, TernaryOps, UnaryOps
+from tiny.renderer.cstyle import CStyleLanguage, RenderError
+
+HALF_PRELUDE = """#if defined(__FLT16_MAX__)
+typedef _Float16 tiny_half;
+#elif defined(__clang__)
+typedef __fp16 tiny_half;
+#else
+#error "this C compiler has neither _Float16 nor __fp16: half kernels need clang or gcc >= 12"
+#endif
+static inline float tiny_h2f(tiny_half h) { return (float)h; }
+static inline tiny_half tiny_f2h(float f) { return (tiny_half)f; }
+static inline float tiny_rh(float f) { return (float)(tiny_half)f; }
+static inline unsigned short tiny_h2bits(float f) { tiny_half h = (tiny_half)f; unsigned short u; __builtin_memcpy(&u, &h, 2); return u; }
+static inline float tiny_bits2h(unsigned short u) { tiny_half h; __builtin_memcpy(&h, &u, 2); return (float)h; }"""
+
+BF16_PRELUDE = """typedef unsigned short tiny_bf16;
+static inline float tiny_bf2f(tiny_bf16 b) { unsigned int u = (unsigned int)b << 16; float f; __builtin_memcpy(&f, &u, 4); return f; }
+static inline tiny_bf16 tiny_f2bf(float f) {
+  unsigned int u; __builtin_memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (tiny_bf16)((u >> 16) | 0x40u);  /* NaN stays a (quiet) NaN */
+  u += 0x7fffu + ((u >> 16) & 1u);                                              /* round to nearest even */
+  return (tiny_bf16)(u >> 16);
+}
+static inline float tiny_rbf(float f) { return tiny_bf2f(tiny_f2bf(f)); }
+static inline unsigned short tiny_bf2bits(float f) { return tiny_f2bf(f); }
+static inline float tiny_bits2bf(unsigned short u) { return tiny_bf2f(u); }"""
+
+# the 16-bit float formats: storage type, load, store, round, to-bits, from-bits
+_F16 = {"half": ("tiny_half", "tiny_h2f", "tiny_f2h", "tiny_rh", "tiny_h2bits", "tiny_bits2h"),
+        "bf16": ("tiny_bf16", "tiny_bf2f", "tiny_f2bf", "tiny_rbf", "tiny_bf2bits", "tiny_bits2bf")}
+
+
+def _f16kind(dt: Optional[DType]) -> Optional[str]:
+  if dt is None:
+    return None
+  s = dt.base.scalar() if isinstance(dt, PtrDType) else dt.scalar()
+  return "half" if s == dtypes.float16 else "bf16" if s == dtypes.bfloat16 else None
+
+
+def _fsuffix(dt: DType) -> str:
+  """libm suffix: double functions for float64, float ones for everything else (half/bf16 compute in float)."""
+  return "" if dt.scalar() == dtypes.float64 else "f"
+
+
+def _max(a: str, b: str, dtype: DType) -> str:
+  return f"(({a}>{b})?{a}:{b})"
+
+
+_VECTOR_NATIVE = {BinaryOps.ADD: "+", BinaryOps.MUL: "*"}
+
+_BASE_OPS: Dict[Any, Callable[..., str]] = {
+  **CStyleLanguage.code_for_op,
+  UnaryOps.SQRT: lambda x, dtype: f"__builtin_sqrt{_fsuffix(dtype)}({x})",
+  UnaryOps.EXP2: lambda x, dtype: f"__builtin_exp2{_fsuffix(dtype)}({x})",
+  UnaryOps.LOG2: lambda x, dtype: f"__builtin_log2{_fsuffix(dtype)}({x})",
+  UnaryOps.SIN: lambda x, dtype: f"__builtin_sin{_fsuffix(dtype)}({x})",
+  UnaryOps.RECIP: lambda x, dtype: f"(1.0{'f' if _fsuffix(dtype) else ''}/{x})" if dtypes.is_float(dtype.scalar()) else f"(1/{x})",
+  BinaryOps.MAX: _max,
+}
+
+
+def _op_for(op: Any, fn: Callable[..., str]) -> Callable[..., str]:
+  """Wrap a scalar op spelling: round half/bf16 results to 16 bits, and apply it lane by lane to vectors."""
+  def render(*args: Any) -> str:
+    *xs, dtype = args
+    if dtype.count > 1:
+      scalar = dtype.scalar()
+      if op in _VECTOR_NATIVE and _f16kind(dtype) is None and scalar != dtypes.bool:
+        return f"({xs[0]}{_VECTOR_NATIVE[op]}{xs[1]})"
+      # one lane at a time; operands are pure expressions, so repeating them is safe (the compiler CSEs them)
+      lanes = [render(*[f"({x})[{i}]" for x in xs], scalar) for i in range(dtype.count)]
+      return f"(({ClangRenderer.vector_name(scalar, dtype.count)}){{{','.join(lanes)}}})"
+    val = fn(*xs, dtype)
+    kind = _f16kind(dtype)
+    return f"{_F16[kind][3]}({val})" if kind is not None else val
+  return render
+
+
+class ClangRenderer(CStyleLanguage):
+  """C for the CLANG device. No local memory or thread ids: global dims are loops, the runtime splits the outer one."""
+
+  device = "CLANG"
+  has_local = False
+  has_shared = False
+  global_max = None
+  local_max = None
+  supports_float4 = True
+  buffer_suffix = " restrict"
+  arg_int_prefix = "const int"
+  infinity = "__builtin_inff()"
+  nan = '__builtin_nanf("")'
+  type_map = {dtypes.bool: "_Bool", dtypes.int8: "signed char", dtypes.float16: "float", dtypes.bfloat16: "float"}
+  code_for_op = {op: _op_for(op, fn) for op, fn in _BASE_OPS.items()}
+
+  def __init__(self) -> None:
+    self._bitcast_srcs: List[DType] = []
+
+  # *** types ***
+
+  @staticmethod
+  def vector_name(scalar: DType, count: int) -> str:
+    """Name of the GNU vector typedef for count lanes of scalar (register type: half/bf16 lanes are floats)."""
+    reg = "float" if _f16kind(scalar) is not None else "_Bool" if scalar == dtypes.bool else "schar" if scalar == dtypes.int8 else scalar.name
+    return f"tiny_{reg.replace(' ', '_')}{count}"
+
+  def render_vector_dtype(self, scalar: DType, count: int) -> str:
+    if scalar == dtypes.bool:
+      raise RenderError("ClangRenderer has no bool vectors")
+    return self.vector_name(scalar, count)
+
+  def storage_type(self, dt: DType) -> str:
+    """The C type of an element in memory (half and bfloat16 differ from their register type)."""
+    kind = _f16kind(dt)
+    return _F16[kind][0] if kind is not None else self.render_dtype(dt)
+
+  def render_arg(self, name: str, dtype: DType, mutable: bool, is_buffer: bool) -> str:
+    if is_buffer:
+      return f"{'' if mutable else 'const '}{self.storage_type(dtype.base if isinstance(dtype, PtrDType) else dtype)}*{self.buffer_suffix} {name}"
+    return f"{self.arg_int_prefix} {name}"
+
+  # *** values ***
+
+  def render_cast(self, x: List[str], var_dtype: DType, bitcast: bool = False) -> str:
+    if bitcast:
+      return self._render_bitcast(x[0], var_dtype, self._bitcast_srcs.pop(0) if self._bitcast_srcs else None)
+    if len(x) > 1:
+      return self.render_vectorize(x, var_dtype)
+    kind = _f16kind(var_dtype)
+    if var_dtype.count > 1:
+      lane = (lambda v: f"{_F16[kind][3]}((float)({v}))") if kind is not None else (lambda v: f"({self.render_dtype(var_dtype.scalar())})({v})")
+      lanes = ",".join(lane(f"_v[{i}]") for i in range(var_dtype.count))
+      return f"({{ __typeof__({x[0]}) _v = {x[0]}; ({self.render_dtype(var_dtype)}){{{lanes}}}; }})"
+    if kind is not None:
+      return f"{_F16[kind][3]}((float)({x[0]}))"
+    return f"({self.render_dtype(var_dtype)})({x[0]})"
+
+  def _render_bitcast(self, x: str, to: DType, frm: Optional[DType]) -> str:
+    to_kind, frm_kind = _f16kind(to), _f16kind(frm)
+    if frm_kind is not None:   # 16 bits of a half/bf16 register value
+      x = f"{_F16[frm_kind][4]}({x})"
+      if to_kind is not None:
+        return f"{_F16[to_kind][5]}({x})"
+      return f"({self.render_dtype(to)})({x})"
+    if to_kind is not None:
+      return f"{_F16[to_kind][5]}((unsigned short)({x}))"
+    t = self.render_dtype(to)
+    return f"({{ {t} _t; __typeof__({x}) _s = {x}; __builtin_memcpy(&_t, &_s, sizeof(_t)); _t; }})"
+
+  def render_vectorize(self, x: List[str], var_dtype: DType) -> str:
+    return f"(({self.render_dtype(var_dtype)}){{{','.join(x)}}})"
+
+  def render_gep(self, vec: str, idx: int, vec_dtype: DType) -> str:
+    return f"{vec}[{idx}]"
+
+  def render_load(self, output_dtype: DType, buf_name: str, buf_dtype: DType, idx: str, local: bool = False) -> str:
+    kind = _f16kind(buf_dtype)
+    if kind is None:
+      return super().render_load(output_dtype, buf_name, buf_dtype, idx, local)
+    conv = _F16[kind][1]
+    if output_dtype.count == 1:
+      return f"{conv}({buf_name}[{idx}])"
+    lanes = ",".join(f"{conv}(_p[{i}])" for i in range(output_dtype.count))
+    return f"({{ const {_F16[kind][0]} *_p = {buf_name}+({idx}); ({self.render_dtype(output_dtype)}){{{lanes}}}; }})"
+
+  def render_store(self, buf_name: str, buf_dtype: DType, var_name: str, var_dtype: DType, idx: str, local: bool = False) -> str:
+    kind = _f16kind(buf_dtype)
+    if kind is None:
+      return super().render_store(buf_name, buf_dtype, var_name, var_dtype, idx, local)
+    conv = _F16[kind][2]
+    if var_dtype.count == 1:
+      return f"{buf_name}[{idx}] = {conv}({var_name});"
+    lanes = " ".join(f"_p[{i}] = {conv}(_v[{i}]);" for i in range(var_dtype.count))
+    return f"{{ {self.render_dtype(var_dtype)} _v = {var_name}; {_F16[kind][0]} *_p = {buf_name}+({idx}); {lanes} }}"
+
+  # *** the kernel ***
+
+  def render(self, name: str, uops: List[UOp]) -> str:
+    uops = list(uops)
+    if any(u.op in (UOps.SPECIAL, UOps.DEFINE_LOCAL, UOps.BARRIER) for u in uops):
+      raise RenderError("ClangRenderer has no thread ids or local memory: render kernels for it with has_local=False")
+    self._bitcast_srcs = [u.src[0].dtype for u in uops if u.op is UOps.BITCAST]
+    self._uops = uops
+    return super().render(name, uops)
+
+  def render_kernel(self, function_name: str, kernel: List[str], bufs: List[Tuple[str, Tuple[DType, bool]]], uops: List[UOp],
+                    prefix: Optional[List[str]] = None) -> str:
+    kernel = list(kernel)
+    parallel = _split_outer_loop(kernel, uops)
+    _mark_reductions(kernel, uops)
+    is_ptr = [isinstance(dtype, PtrDType) for _, (dtype, _) in bufs]
+    args = [self.render_arg(n, dt, mut, p) for (n, (dt, mut)), p in zip(bufs, is_ptr)] + ["int core", "int ncores"]
+    head = [] if prefix is None else list(prefix)
+    head += self._prelude(uops)
+    casts = []
+    for i, ((n, (dt, mut)), p) in enumerate(zip(bufs, is_ptr)):
+      casts.append(f"({'' if mut else 'const '}{self.storage_type(dt.base)}*)args[{i}]" if p else f"(int)args[{i}]")
+    return "\n".join(head + [
+      f"void {function_name}({', '.join(args)}) {{", *kernel, "}",
+      f"void {function_name}_entry(const long long *args, int core, int ncores) {{ {function_name}({', '.join(casts + ['core', 'ncores'])}); }}",
+      f"const int {function_name}_parallel = {int(parallel)};"])
+
+  def _prelude(self, uops: List[UOp]) -> List[str]:
+    kinds: Set[str] = set()
+    vecs: Dict[str, Tuple[str, int]] = {}
+    for u in uops:
+      for dt in (u.dtype, *(s.dtype for s in u.src)):
+        if dt is None:
+          continue
+        if (k := _f16kind(dt)) is not None:
+          kinds.add(k)
+        base = dt.base if isinstance(dt, PtrDType) else dt
+        if base.count > 1:
+          s = base.scalar()
+          reg = "float" if _f16kind(s) is not None else "signed char" if s == dtypes.int8 else s.name
+          size = 4 if _f16kind(s) is not None else s.itemsize
+          vecs[self.vector_name(s, base.count)] = (f"{reg} __attribute__((vector_size({size * base.count}), aligned({size})))", base.count)
+    out = [HALF_PRELUDE] if "half" in kinds else []
+    out += [BF16_PRELUDE] if "bf16" in kinds else []
+    # element alignment only: a vector may start at any element of a buffer (views, odd offsets)
+    out += [f"typedef {decl.replace(' __attribute__', ' ' + name + ' __attribute__', 1)};" for name, (decl, _) in sorted(vecs.items())]
+    return out
+
+
+_FOR = re.compile(r"^(\s*)for \((\w[\w ]*) (ridx\d+) = (.*); \3 < (.*); \3\+\+\) \{$")
+
+
+def _loop_structure(uops: List[UOp]) -> Tuple[List[UOp], Dict[UOp, int], bool]:
+  """(top-level RANGEs, RANGE -> nesting depth, whether some STORE sits outside every loop)."""
+  depth, top, depths, store_outside = 0, [], {}, False
+  for u in uops:
+    if u.op is UOps.RANGE:
+      if depth == 0:
+        top.append(u)
+      depths[u] = depth
+      depth += 1
+    elif u.op is UOps.ENDRANGE:
+      depth -= 1
+    elif u.op is UOps.STORE and depth == 0:
+      store_outside = True
+  return top, depths, store_outside
+
+
+def _range_names(uops: List[UOp]) -> Dict[UOp, str]:
+  # CStyleLanguage names loop counters ridx0, ridx1, ... in uop order
+  return {u: f"ridx{i}" for i, u in enumerate(x for x in uops if x.op is UOps.RANGE)}
+
+
+def _split_outer_loop(kernel: List[str], uops: List[UOp]) -> bool:
+  """Rewrite the outermost loop to run the caller's slice when that is safe; True when it was rewritten."""
+  top, _, store_outside = _loop_structure(uops)
+  if len(top) != 1 or top[0].arg[1] or store_outside:
+    return False
+  name = _range_names(uops)[top[0]]
+  for i, line in enumerate(kernel):
+    m = _FOR.match(line)
+    if m is not None and m.group(3) == name:
+      ind, ty, _, start, end = m.groups()
+      kernel[i:i + 1] = [f"{ind}const {ty} {name}_s = {start}, {name}_n = ({end}) - {name}_s;",
+                         f"{ind}const {ty} {name}_lo = {name}_s + (int)((long long){name}_n * core / ncores);",
+                         f"{ind}const {ty} {name}_hi = {name}_s + (int)((long long){name}_n * (core + 1) / ncores);",
+                         f"{ind}for ({ty} {name} = {name}_lo; {name} < {name}_hi; {name}++) {{"]
+      return True
+  return False
+
+
+def _mark_reductions(kernel: List[str], uops: List[UOp]) -> None:
+  """Put `#pragma omp simd reduction(...)` on innermost reduce loops whose accumulators are plain scalar sums or maxes.
+
+  That licenses the compiler to reassociate those (and only those) additions, which is what lets it vectorize them."""
+  names = _range_names(uops)
+  acc_names = {u: f"acc{i}" for i, u in enumerate(x for x in uops if x.op is UOps.DEFINE_ACC)}
+  # innermost loops: a RANGE with no RANGE before its ENDRANGE
+  inner: Set[UOp] = set()
+  last_range: Optional[UOp] = None
+  for u in uops:
+    if u.op is UOps.RANGE:
+      last_range = u
+    elif u.op is UOps.ENDRANGE and u.src[0] is last_range:
+      inner.add(u.src[0])
+  body: Dict[UOp, List[UOp]] = {}
+  open_loops: List[UOp] = []
+  for u in uops:
+    if u.op is UOps.RANGE:
+      open_loops.append(u)
+    elif u.op is UOps.ENDRANGE:
+      open_loops.pop()
+    elif open_loops:
+      body.setdefault(open_loops[-1], []).append(u)
+  for rng in inner:
+    if not rng.arg[1]:
+      continue
+    clauses = _reduction_clauses(body.get(rng, []), acc_names)
+    if not clauses:
+      continue
+    for i, line in enumerate(kernel):
+      m = _FOR.match(line)
+      if m is not None and m.group(3) == names[rng]:
+        kernel.insert(i, "#pragma omp simd " + " ".join(clauses))
+        break
+
+
+def _reduction_clauses(body: List[UOp], acc_names: Dict[UOp, str]) -> List[str]:
+  clauses = []
+  for u in body:
+    if u.op in (UOps.STORE, UOps.IF, UOps.WMMA):
+      return []
+    if u.op is not UOps.PHI:
+      continue
+    acc, val = u.src
+    if acc.dtype is None or acc.dtype.count != 1 or acc.op is not UOps.DEFINE_ACC or acc not in acc_names:
+      return []
+    if val.op is not UOps.ALU or _f16kind(acc.dtype) is not None:
+      return []
+    if val.op is UOps.ALU and val.arg in (BinaryOps.ADD, TernaryOps.MULACC) and _only_through(val, acc, BinaryOps.ADD):
+      op = "+"
+    elif val.op is UOps.ALU and val.arg is BinaryOps.MAX and _only_through(val, acc, BinaryOps.MAX):
+      op = "max"
+    else:
+      return []
+    if dtypes.is_float(acc.dtype) or dtypes.is_int(acc.dtype):
+      clauses.append(f"reduction({op}:{acc_names[acc]})")
+    else:
+      return []
+  return clauses
+
+
+def _only_through(val: UOp, acc: UOp, op: Any) -> bool:
+  """True when acc occurs once in val and only as a (chain of) op operand(s): `((acc + a) + b) + c` is a sum into acc."""
+  if val is acc:
+    return True
+  if val.op is not UOps.ALU:
+    return False
+  readers = [s for s in val.src if _reads(s, acc)]
+  if len(readers) != 1:
+    return False
+  if val.arg is op or (op is BinaryOps.ADD and val.arg is TernaryOps.MULACC and val.src[2] is readers[0] and readers[0] is not val.src[0]
+                       and readers[0] is not val.src[1]):
+    return _only_through(readers[0], acc, op)
+  return False
+
+
+def _reads(u: UOp, acc: UOp, seen: Optional[Set[int]] = None) -> bool:
+  seen = set() if seen is None else seen
+  if u is acc:
+    return True
+  if id(u) in seen or u.op in (UOps.DEFINE_GLOBAL, UOps.CONST, UOps.RANGE, UOps.DEFINE_VAR):
+    return False
+  seen.add(id(u))
+  return any(_reads(s, acc, seen) for s in u.src)

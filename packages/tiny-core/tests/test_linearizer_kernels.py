@@ -1,0 +1,211 @@
+"""Hand-built kernel ASTs, compiled by Kernel under no opts / every single valid opt / random opt sequences, run on PYTHON, checked
+against numpy. Also checks that every linearized program obeys the ordering rules."""
+from __future__ import annotations
+
+import itertools
+from typing import Dict, List, Sequence, Tuple
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tiny.codegen.kernel import Kernel, KernelOptError, Opt, OptOps
+from tiny.codegen.uopgraph import verify_linearized
+from tiny.dtype import dtypes
+from tiny.ops import BinaryOps, BufferOps, ConstBuffer, LazyOp, MemBuffer, MetaOps, ReduceOps, TernaryOps, UnaryOps
+from tiny.runtime.ops_python import PythonProgram, PythonRenderer
+from tiny.shape.shapetracker import ShapeTracker as ST
+from tiny.shape.view import View
+
+F32 = dtypes.float32
+rng = np.random.default_rng(0)
+
+
+def ld(i: int, st: ST) -> LazyOp:
+  return LazyOp(BufferOps.LOAD, (), MemBuffer(i, F32, st))
+
+
+def const(v: float, st: ST) -> LazyOp:
+  return LazyOp(BufferOps.CONST, (), ConstBuffer(v, F32, st))
+
+
+def kernel(value: LazyOp, out_shape: Tuple[int, ...]) -> LazyOp:
+  return LazyOp(MetaOps.KERNEL, (LazyOp(BufferOps.STORE, (value,), MemBuffer(0, F32, ST.from_shape(out_shape))),))
+
+
+def e(op, *src: LazyOp, arg=None) -> LazyOp:
+  return LazyOp(op, tuple(src), arg)
+
+
+# name -> (ast, inputs, expected output)
+def _cases() -> Dict[str, Tuple[LazyOp, List[np.ndarray], np.ndarray]]:
+  cases = {}
+  a, b = rng.random((4, 6), dtype=np.float32), rng.random((4, 6), dtype=np.float32)
+  s46 = ST.from_shape((4, 6))
+  cases["elementwise"] = (kernel(e(BinaryOps.MUL, e(BinaryOps.ADD, ld(1, s46), ld(2, s46)), ld(1, s46)), (4, 6)), [a, b], (a + b) * a)
+  v = rng.random((6,), dtype=np.float32)
+  sb = ST.from_shape((6,)).reshape((1, 6)).expand((4, 6))
+  cases["broadcast"] = (kernel(e(BinaryOps.MAX, ld(1, s46), ld(2, sb)), (4, 6)), [a, v], np.maximum(a, v[None]))
+  x = rng.random((6, 8), dtype=np.float32) - 0.5
+  s68 = ST.from_shape((6, 8))
+  cases["reduce_axis0"] = (kernel(e(ReduceOps.SUM, ld(1, s68), arg=(0,)), (1, 8)), [x], x.sum(0, keepdims=True))
+  cases["reduce_axis1"] = (kernel(e(ReduceOps.MAX, ld(1, s68), arg=(1,)), (6, 1)), [x], x.max(1, keepdims=True))
+  cases["reduce_all"] = (kernel(e(ReduceOps.SUM, ld(1, s68), arg=(0, 1)), (1, 1)), [x], x.sum(keepdims=True))
+  cases["two_reduces"] = (kernel(e(BinaryOps.ADD, e(ReduceOps.SUM, ld(1, s68), arg=(1,)), e(ReduceOps.MAX, ld(1, s68), arg=(1,))), (6, 1)),
+                          [x], x.sum(1, keepdims=True) + x.max(1, keepdims=True))
+  # sum over k of (max over j of x[j, k]): a reduce inside a reduce
+  y = rng.random((4, 3, 5), dtype=np.float32)
+  s435 = ST.from_shape((4, 3, 5))
+  inner = e(ReduceOps.MAX, ld(1, s435), arg=(1,))
+  cases["nested_reduce"] = (kernel(e(ReduceOps.SUM, inner, arg=(2,)), (4, 1, 1)), [y], y.max(1, keepdims=True).sum(2, keepdims=True))
+  sp = ST.from_shape((6, 8)).pad(((1, 2), (0, 3)))
+  cases["masked_pad"] = (kernel(e(BinaryOps.ADD, ld(1, sp), const(1.0, ST.from_shape((9, 11)))), (9, 11)), [x], np.pad(x, ((1, 2), (0, 3))) + 1)
+  # exp2 is unsafe to pad (exp2(0) = 1): the padded zeros count
+  cases["pad_reduce"] = (kernel(e(ReduceOps.SUM, e(UnaryOps.EXP2, ld(1, sp)), arg=(1,)), (9, 1)), [x],
+                         np.exp2(np.pad(x, ((1, 2), (0, 3)))).sum(1, keepdims=True).astype(np.float32))
+  ss = ST.from_shape((6, 8)).shrink(((1, 5), (2, 7)))
+  cases["masked_shrink"] = (kernel(e(UnaryOps.NEG, ld(1, ss)), (4, 5)), [x], -x[1:5, 2:7])
+  n = 12
+  star = ST((View.create((2 * n - 1,), (0,), 0, ((n - 1, 2 * n - 1),)), View.create((n, n), (1, 1), 0, None)))
+  cases["arange"] = (kernel(e(ReduceOps.SUM, const(1.0, star), arg=(1,)), (n, 1)), [], np.arange(1, n + 1, dtype=np.float32)[:, None])
+  ma, mb = rng.random((8, 12), dtype=np.float32), rng.random((12, 4), dtype=np.float32)
+  sa = ST.from_shape((8, 12)).reshape((8, 1, 12)).expand((8, 4, 12))
+  smb = ST.from_shape((12, 4)).permute((1, 0)).reshape((1, 4, 12)).expand((8, 4, 12))
+  cases["matmul"] = (kernel(e(ReduceOps.SUM, e(BinaryOps.MUL, ld(1, sa), ld(2, smb)), arg=(2,)), (8, 4, 1)), [ma, mb], (ma @ mb)[:, :, None])
+  # conv: out[o, y, x] = sum_{c, ky, kx} img[c, y+ky, x+kx] * w[o, c, ky, kx]
+  C, H, W, O, K = 2, 5, 6, 3, 3
+  img, w = rng.random((C, H, W), dtype=np.float32), rng.random((O, C, K, K), dtype=np.float32)
+  OH, OW = H - K + 1, W - K + 1
+  simg = ST((View.create((O, OH, OW, C, K, K), (0, W, 1, H * W, W, 1), 0, None),))
+  sw = ST((View.create((O, OH, OW, C, K, K), (C * K * K, 0, 0, K * K, K, 1), 0, None),))
+  ref = np.zeros((O, OH, OW), np.float32)
+  for o, yy, xx in itertools.product(range(O), range(OH), range(OW)):
+    ref[o, yy, xx] = (img[:, yy:yy + K, xx:xx + K] * w[o]).sum()
+  cases["conv"] = (kernel(e(ReduceOps.SUM, e(BinaryOps.MUL, ld(1, simg), ld(2, sw)), arg=(3, 4, 5)), (O, OH, OW, 1, 1, 1)), [img, w],
+                   ref[:, :, :, None, None, None])
+  cases["where_cast"] = (kernel(e(TernaryOps.WHERE, e(BinaryOps.CMPLT, ld(1, s46), ld(2, s46)), e(UnaryOps.CAST, e(UnaryOps.CAST, ld(1, s46),
+                                                                                                              arg=dtypes.int32), arg=F32),
+                                  ld(2, s46)), (4, 6)), [a * 10, b * 10], np.where(a * 10 < b * 10, np.trunc(a * 10), b * 10))
+  return cases
+
+
+CASES = _cases()
+
+
+def run_kernel(k: Kernel, inputs: Sequence[np.ndarray], out_shape: Tuple[int, ...]) -> np.ndarray:
+  prg = k.to_program()
+  assert k.uops is not None
+  verify_linearized(k.uops.uops)
+  out = np.zeros(out_shape, np.float32)
+  mvs = [memoryview(bytearray(out.nbytes)).cast("f")] + [memoryview(bytearray(np.ascontiguousarray(x, np.float32).tobytes())).cast("f")
+                                                          for x in inputs]
+  gs, ls = prg.launch_dims({})
+  PythonProgram(prg.name, prg.src.encode() if isinstance(prg.src, str) else prg.src)(*mvs, global_size=tuple(gs), local_size=tuple(ls or (1, 1, 1)))
+  return np.frombuffer(mvs[0].tobytes(), np.float32).reshape(out_shape)
+
+
+def check_case(name: str, opts: Sequence[Opt], renderer=None) -> Kernel:
+  ast, inputs, ref = CASES[name]
+  k = Kernel(ast, opts=renderer or PythonRenderer())
+  for o in opts:
+    k.apply_opt(o)
+  out = run_kernel(k, inputs, ref.shape)
+  np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4, err_msg=f"{name} with {opts}")
+  return k
+
+
+def candidate_opts(k: Kernel) -> List[Opt]:
+  ret = [Opt(OptOps.NOLOCALS)]
+  for op in (OptOps.UPCAST, OptOps.UNROLL, OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP, OptOps.PADTO):
+    for axis in range(k.shape_len):
+      for amt in ((0, 2, 3, 4) if op is not OptOps.PADTO else (4, 8)):
+        ret.append(Opt(op, axis, amt))
+  return ret
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_no_opts(name: str) -> None:
+  check_case(name, [])
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_every_single_valid_opt(name: str) -> None:
+  ast = CASES[name][0]
+  base = Kernel(ast, opts=PythonRenderer())
+  tried = 0
+  for opt in candidate_opts(base):
+    k = base.copy()
+    try:
+      k.apply_opt(opt)
+    except KernelOptError:
+      continue
+    tried += 1
+    out = run_kernel(k, CASES[name][1], CASES[name][2].shape)
+    np.testing.assert_allclose(out, CASES[name][2], rtol=1e-4, atol=1e-4, err_msg=f"{name} with {opt}")
+  assert tried > 0
+
+
+@pytest.mark.parametrize("name", ["reduce_axis1", "matmul", "conv", "arange"])
+def test_hand_coded_optimizations(name: str) -> None:
+  ast, inputs, ref = CASES[name]
+  k = Kernel(ast, opts=PythonRenderer()).hand_coded_optimizations()
+  np.testing.assert_allclose(run_kernel(k, inputs, ref.shape), ref, rtol=1e-4, atol=1e-4)
+
+
+class _NoLocalRenderer(PythonRenderer):
+  has_local = False
+  has_shared = False
+  supports_float4 = False
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_no_local_renderer_uses_loops(name: str) -> None:
+  k = check_case(name, [], renderer=_NoLocalRenderer())
+  assert k.uops is not None
+  assert not any(u.op.name == "SPECIAL" for u in k.uops.uops)
+
+
+@settings(deadline=None)
+@given(st.sampled_from(sorted(CASES)), st.lists(st.tuples(st.integers(0, 100), st.integers(0, 1000)), min_size=1, max_size=4))
+def test_random_opt_sequences(name: str, picks: List[Tuple[int, int]]) -> None:
+  ast, inputs, ref = CASES[name]
+  k = Kernel(ast, opts=PythonRenderer())
+  applied = []
+  for i, _ in picks:
+    cands = candidate_opts(k)
+    opt = cands[i % len(cands)]
+    try:
+      k.apply_opt(opt)
+      applied.append(opt)
+    except KernelOptError:
+      pass
+  np.testing.assert_allclose(run_kernel(k, inputs, ref.shape), ref, rtol=1e-4, atol=1e-4, err_msg=f"{name} with {applied}")
+
+
+def test_vector_loads_are_folded() -> None:
+  ast, inputs, ref = CASES["elementwise"]
+  k = check_case("elementwise", [Opt(OptOps.UPCAST, 0, 4)])
+  assert k.uops is not None
+  assert any(u.op.name == "LOAD" and u.dtype is not None and u.dtype.count == 4 for u in k.uops.uops)
+  assert any(u.op.name == "STORE" and u.src[2].dtype is not None and u.src[2].dtype.count == 4 for u in k.uops.uops)
+
+
+def test_grouped_reduce_uses_local_memory_and_barrier() -> None:
+  k = check_case("reduce_axis1", [Opt(OptOps.GROUPTOP, 0, 4)])
+  assert k.uops is not None
+  ops = [u.op.name for u in k.uops.uops]
+  assert "DEFINE_LOCAL" in ops and "BARRIER" in ops
+
+
+def test_arange_loop_collapses() -> None:
+  k = check_case("arange", [])
+  assert k.uops is not None
+  assert not any(u.op.name == "RANGE" for u in k.uops.uops), "the arange reduce should fold to a closed form"
+
+
+def test_two_reduces_have_separate_accumulators() -> None:
+  k = check_case("two_reduces", [])
+  assert k.uops is not None
+  assert sum(u.op.name == "DEFINE_ACC" for u in k.uops.uops) == 2
+
