@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tiny.codegen.kernel import Kernel, Opt, OptOps
+from tiny.codegen.kernel import Kernel
 from tiny.codegen.lowerer import get_grouped_dims, lazyop_to_uop
 from tiny.codegen.uopgraph import UOpGraph, linearize_sink, verify_linearized
 from tiny.codegen.uops import UOp, UOps

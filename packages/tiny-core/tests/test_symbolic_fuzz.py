@@ -2,7 +2,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tiny.shape.symbolic import Node, sym_infer
+from tiny.shape.symbolic import DivNode, ModNode, Node, sym_infer
 from tiny.testing.strategies import bindings, build_node, eval_tree, symbolic_trees, variables
 
 
@@ -25,6 +25,9 @@ def test_simplified_tree_evaluates_like_python(case):
     # every intermediate node: bounds contain the value at this binding
     val = _value(node, binding)
     assert node.min <= val <= node.max, f"{node!r} = {val} outside [{node.min}, {node.max}]"
+    # C's truncating division must see the same numbers as Python's floor division
+    if isinstance(node, (DivNode, ModNode)):
+      assert node.a.min >= 0 and node.b > 0, f"{node!r} has a possibly negative numerator"
 
   node = build_node(tree, {v.expr: v for v in vs}, check=check)
   assert _value(node, binding) == eval_tree(tree, values)

@@ -241,7 +241,11 @@ class _Builder:
     if op is BinaryOps.MOD:
       return self.ins(f"{'urem' if _is_unsigned(s) else 'srem'} {t} {xs[0]}, {xs[1]}" if not isf else f"frem {t} {xs[0]}, {xs[1]}")
     if op is BinaryOps.MAX:
-      c = self.ins(f"fcmp ogt {t} {xs[0]}, {xs[1]}" if isf else f"icmp {'ugt' if _is_unsigned(s) else 'sgt'} {t} {xs[0]}, {xs[1]}")
+      # the first operand wins ties and NaNs from either side win, as in tiny.ops.python_alu
+      if isf:
+        c = self.ins(f"or {self.booltype(sdt)} {self.ins(f'fcmp oge {t} {xs[0]}, {xs[1]}')}, {self.ins(f'fcmp uno {t} {xs[0]}, {xs[0]}')}")
+      else:
+        c = self.ins(f"icmp {'uge' if _is_unsigned(s) else 'sge'} {t} {xs[0]}, {xs[1]}")
       return self.ins(f"select {self.booltype(sdt)} {c}, {t} {xs[0]}, {t} {xs[1]}")
     if op is BinaryOps.CMPLT:
       return self.ins(f"fcmp olt {t} {xs[0]}, {xs[1]}" if isf else f"icmp {'ult' if _is_unsigned(s) else 'slt'} {t} {xs[0]}, {xs[1]}")

@@ -30,8 +30,8 @@ typedef __fp16 tiny_half;
 #else
 #error "this C compiler has neither _Float16 nor __fp16: half kernels need clang or gcc >= 12"
 #endif
-static inline float tiny_h2f(tiny_half h) { return (float)h; }
-static inline tiny_half tiny_f2h(float f) { return (tiny_half)f; }
+#define tiny_h2f(h) ((float)(h))       /* macros: clang's __fp16 cannot be a parameter or a return value */
+#define tiny_f2h(f) ((tiny_half)(f))
 static inline float tiny_rh(float f) { return (float)(tiny_half)f; }
 static inline unsigned short tiny_h2bits(float f) { tiny_half h = (tiny_half)f; unsigned short u; __builtin_memcpy(&u, &h, 2); return u; }
 static inline float tiny_bits2h(unsigned short u) { tiny_half h; __builtin_memcpy(&h, &u, 2); return (float)h; }"""
@@ -66,7 +66,10 @@ def _fsuffix(dt: DType) -> str:
 
 
 def _max(a: str, b: str, dtype: DType) -> str:
-  return f"(({a}>{b})?{a}:{b})"
+  # the first operand wins ties and NaNs from either side win, as in tiny.ops.python_alu
+  if dtypes.is_float(dtype.scalar()):
+    return f"((({a}>={b})||({a}!={a}))?{a}:{b})"
+  return f"(({a}>={b})?{a}:{b})"
 
 
 _VECTOR_NATIVE = {BinaryOps.ADD: "+", BinaryOps.MUL: "*"}
@@ -287,7 +290,9 @@ def _split_outer_loop(kernel: List[str], uops: List[UOp]) -> bool:
 
 
 def _mark_reductions(kernel: List[str], uops: List[UOp]) -> None:
-  """Put `#pragma omp simd reduction(...)` on innermost reduce loops whose accumulators are plain scalar sums or maxes.
+  """Put `#pragma omp simd reduction(+:...)` on innermost reduce loops whose accumulators are plain scalar sums.
+
+  (Not maxes: OpenMP's combining max would not keep NaNs the way tiny's MAX does.)
 
   That licenses the compiler to reassociate those (and only those) additions, which is what lets it vectorize them."""
   names = _range_names(uops)
@@ -336,8 +341,6 @@ def _reduction_clauses(body: List[UOp], acc_names: Dict[UOp, str]) -> List[str]:
       return []
     if val.op is UOps.ALU and val.arg in (BinaryOps.ADD, TernaryOps.MULACC) and _only_through(val, acc, BinaryOps.ADD):
       op = "+"
-    elif val.op is UOps.ALU and val.arg is BinaryOps.MAX and _only_through(val, acc, BinaryOps.MAX):
-      op = "max"
     else:
       return []
     if dtypes.is_float(acc.dtype) or dtypes.is_int(acc.dtype):

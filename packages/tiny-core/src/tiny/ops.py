@@ -362,7 +362,8 @@ def verify_lazyop(ast: LazyOp) -> Dict[LazyOp, ShapeTracker]:
       elif op.src:
         raise InvalidLazyOpError(f"{op.op} takes no sources")
     else:
-      arity = {**{o: 1 for o in UnaryOps}, **{o: 2 for o in BinaryOps}, **{o: 3 for o in TernaryOps}}.get(op.op)
+      arities: Dict[Any, int] = {**{o: 1 for o in UnaryOps}, **{o: 2 for o in BinaryOps}, **{o: 3 for o in TernaryOps}}
+      arity = arities.get(op.op)
       if arity is None or len(op.src) != arity:
         raise InvalidLazyOpError(f"{op.op} takes {arity} sources, got {len(op.src)}")
       st = src_sts[0]

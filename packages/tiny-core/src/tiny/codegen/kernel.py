@@ -193,9 +193,10 @@ class Kernel:
   def reduceop(self) -> Optional[LazyOp]:
     return self.reduceops[0] if self.reduceops else None
 
-  def upcasted_axis(self, i: int) -> List[Tuple[int, Optional[Any], bool]]:
+  def upcasted_axis(self, i: int) -> List[Tuple[Any, Optional[Any], bool]]:
     upcasted_shape, upcasted_stride = self.sts[i].shape[self.first_upcast:], self.sts[i].real_strides()[self.first_upcast:]
-    return list(zip(upcasted_shape, upcasted_stride, [x != y for x, y in zip(self.sts[0].shape[self.first_upcast:], self.full_shape[self.first_upcast:])]))
+    reduced = [bool(x != y) for x, y in zip(self.sts[0].shape[self.first_upcast:], self.full_shape[self.first_upcast:])]
+    return list(zip(upcasted_shape, upcasted_stride, reduced))
 
   # *** colored shape (DEBUG) ***
 
@@ -203,7 +204,8 @@ class Kernel:
     """blue: global, cyan: local, green: grouped reduce, white: upcast in mid reduce, red: reduce, yellow: upcast, magenta: unroll."""
     colors = ["blue"] * self.global_dims if not self.dont_use_locals else ["BLUE"] * self.global_dims
     colors += ["cyan"] * self.local_dims
-    colors += ["white" if i in self.upcast_in_mid_reduce_axes else "green" for i in range(self.first_reduce, self.first_reduce + self.group_for_reduces)]
+    group = range(self.first_reduce, self.first_reduce + self.group_for_reduces)
+    colors += ["white" if i in self.upcast_in_mid_reduce_axes else "green" for i in group]
     colors += ["red"] * (self.first_upcast - (self.first_reduce + self.group_for_reduces))
     colors += ["magenta" if self.full_shape[i] != self.sts[0].shape[i] else "yellow" for i in range(self.first_upcast, self.shape_len)]
     assert len(colors) == self.shape_len, "colors size mismatch"
@@ -291,14 +293,14 @@ class Kernel:
 
   def apply_opt(self, opt: Opt, append_opt: bool = True) -> None:
     """Apply one opt in place; raises KernelOptError (leaving the kernel unchanged) when it does not apply."""
-    saved = (self.sts[:], self.local_dims, self.upcasted, self.group_for_reduces, self.dont_use_locals)
+    saved = (self.sts[:], self.local_dims, self.upcasted, self.group_for_reduces, self.dont_use_locals, self.tensor_core)
     try:
       self._apply_opt(opt)
     except KernelOptError:
-      self.sts, self.local_dims, self.upcasted, self.group_for_reduces, self.dont_use_locals = saved
+      self.sts, self.local_dims, self.upcasted, self.group_for_reduces, self.dont_use_locals, self.tensor_core = saved
       raise
     except (ValueError, AssertionError, ZeroDivisionError, TypeError) as e:
-      self.sts, self.local_dims, self.upcasted, self.group_for_reduces, self.dont_use_locals = saved
+      self.sts, self.local_dims, self.upcasted, self.group_for_reduces, self.dont_use_locals, self.tensor_core = saved
       raise KernelOptError(f"{opt} does not apply: {e}") from e
     if append_opt:
       self.applied_opts.append(opt)
@@ -310,11 +312,12 @@ class Kernel:
     if opt.op is OptOps.TC:
       check(len(self.applied_opts) == 0, "tensor core opts must be first")
       check(opt.axis is not None and opt.amt is not None, "tensor core opts need an axis and amt")
-      check(bool(USE_TC.value) or True, "")
       check(self._apply_tc_opt(max(1, int(USE_TC.value)), cast(int, opt.axis), cast(int, opt.amt)), "no tensor core available")
+      self.simplify_ones()
       return
     if opt.op is OptOps.NOLOCALS:
       check(self.opts.has_local and not self.dont_use_locals, "NOLOCALS is meaningless if locals are not in use")
+      check(not self.tensor_core, "tensor cores need locals")
       check(self.local_dims == 0 and self.group_for_reduces == 0, "can't have no locals with locals")
       self.dont_use_locals = True
       return
@@ -330,7 +333,8 @@ class Kernel:
     else:
       amt = self.full_shape[axis]
       check(isinstance(amt, int) and amt > 1, f"cannot {opt.op} axis {axis} of size {amt}")
-    if self.reduceop is not None and (opt.op in {OptOps.GROUP, OptOps.GROUPTOP} or (self.group_for_reduces and opt.op not in {OptOps.NOLOCALS, OptOps.PADTO})):
+    uses_shared = opt.op in {OptOps.GROUP, OptOps.GROUPTOP} or (self.group_for_reduces and opt.op not in {OptOps.NOLOCALS, OptOps.PADTO})
+    if self.reduceop is not None and uses_shared:
       acc_sz = self.reduceop.dtype.itemsize
       upcast_sz = prod([a for a, b in zip(self.full_shape[self.first_upcast:], self.sts[0].shape[self.first_upcast:]) if a == b])
       local_sz = prod(self.full_shape[self.first_reduce - self.local_dims:self.first_reduce + self.group_for_reduces])
@@ -342,7 +346,7 @@ class Kernel:
       check(self.opts.local_max is None or prod(self.full_shape[self.global_dims:self.first_reduce + self.group_for_reduces]) * amt <=
             (self.opts.local_max[0] if isinstance(self.opts.local_max, (tuple, list)) else self.opts.local_max) * 1024,
             "local size too big")
-      check(self.local_dims + 1 <= 3 or True, "")
+      check(not self.tensor_core or self.local_dims < 2, "tensor cores leave room for two local dims")
       self.shift_to(axis, amt, insert_before=self.first_reduce)
       self.local_dims += 1
     elif opt.op in {OptOps.GROUP, OptOps.GROUPTOP}:
@@ -353,6 +357,7 @@ class Kernel:
       self.shift_to(axis, amt, top=(opt.op is OptOps.GROUPTOP), insert_before=self.first_reduce + self.group_for_reduces)
       self.group_for_reduces += 1
     elif opt.op is OptOps.UNROLL:
+      check(not self.tensor_core, "can't unroll with tensor cores")
       check(axis < self.first_upcast, "can't upcast an upcasted axis")
       check(self.first_reduce + self.group_for_reduces <= axis, "UNROLL is for reduce axes")
       check(amt <= 32, "don't unroll more than 32")
@@ -362,7 +367,6 @@ class Kernel:
       self.upcasted += 1
     elif opt.op is OptOps.UPCAST:
       check(axis < self.first_reduce, "upcast is for non-reduce axes")
-      check(not (self.tensor_core and self.global_dims <= axis < self.global_dims + len(self.tensor_core.threads)), "can't upcast TC locals")
       check(amt <= 16, "don't upcast more than 16")
       self.shift_to(axis, amt, insert_before=None)
       self.upcasted += 1
@@ -380,7 +384,7 @@ class Kernel:
       for i, st in enumerate(self.sts):
         if st.shape[axis] == 1:
           continue
-        check(st.shape[axis] > amt // 4, f"pad adds more than quadruple the work {st.shape[axis]=} > {amt // 4=}")
+        check(bool(st.shape[axis] > amt // 4), f"pad adds more than quadruple the work {st.shape[axis]=} > {amt // 4=}")
         if (ru := round_up(cast(int, st.shape[axis]), amt) - st.shape[axis]):
           self.sts[i] = st.pad(((0, 0),) * axis + ((0, ru),) + ((0, 0),) * (len(st.shape) - axis - 1))
           padded = True
@@ -405,40 +409,52 @@ class Kernel:
 
   # *** tensor cores ***
 
-  def _tc_candidate(self, tc: Any) -> Optional[Tuple[int, int, int, LazyOp]]:
-    """(axis_n, axis_m, axis_k, the MUL) when the kernel is a matmul-like SUM this tensor core can compute."""
-    if len(self.reduceops) != 1 or self.group_for_reduces or self.upcasted or self.local_dims:
-      return None
+  def _apply_tc_opt(self, use_tensor_cores: int, axis: int, amt: int) -> bool:
+    check(bool(self.opts.has_local), "tensor cores need local dims (a warp of threads)")
+    check(0 <= amt <= 2, f"tc_opt must be 0, 1 or 2, got {amt}")
+    choices = [(tc, c) for tc in self.opts.tensor_cores for c in self._tc_candidates(tc)]
+    check(len(choices) > 0, "no tensor core matches this kernel")
+    check(0 <= axis < len(choices), f"tensor core choice {axis} out of range ({len(choices)} choices)")
+    tc, (axis_n, axis_m, axis_k) = choices[axis]
+    # the tile axes become the first three upcasted axes, in (N, M, K) order; the lowerer maps them to the warp's registers
+    for ax, sz in ((axis_n, tc.dims[0]), (axis_m, tc.dims[1]), (axis_k, tc.dims[2])):
+      self.shift_to(ax, sz)
+      self.upcasted += 1
+    self.tensor_core, self.use_tensor_cores = tc, use_tensor_cores
+    return True
+
+  def _tc_candidates(self, tc: Any) -> List[Tuple[int, int, int]]:
+    """(n, m, k) axis choices where this tensor core computes the kernel's single SUM of a product of two loads."""
+    if len(self.reduceops) != 1 or self.group_for_reduces or self.upcasted or self.local_dims or self.dont_use_locals:
+      return []
     r = self.reduceops[0]
-    if r.op is not ReduceOps.SUM or r.dtype != tc.dtype_out:
-      return None
-    mul = r.src[0]
-    if mul.op is UnaryOps.CAST:
-      mul = mul.src[0]
-    if mul.op is not BinaryOps.MUL:
-      return None
-    srcs = []
+    if r.op is not ReduceOps.SUM or r.dtype != tc.dtype_out or (mul := r.src[0]).op is not BinaryOps.MUL:
+      return []
+    bufs = []
     for s in mul.src:
-      if s.op is UnaryOps.CAST and s.src[0].op is BufferOps.LOAD and s.src[0].arg.dtype == tc.dtype_in and s.arg == tc.dtype_in:
+      if s.op is UnaryOps.CAST and s.arg == tc.dtype_out and s.src[0].op is BufferOps.LOAD:
         s = s.src[0]
       if s.op is not BufferOps.LOAD or s.arg.dtype != tc.dtype_in:
-        return None
-      srcs.append(s)
-    if mul.dtype != tc.dtype_out and r.src[0].op is not UnaryOps.CAST:
-      return None
-    idx0, idx1 = self.bufs.index(srcs[0].arg), self.bufs.index(srcs[1].arg)
-    st0, st1 = self.sts[idx0].real_strides(), self.sts[idx1].real_strides()
-    axis_n = [i for i in range(self.first_reduce) if st0[i] == 0 and st1[i] != 0 and self.full_shape[i] % tc.dims[0] == 0]
-    axis_m = [i for i in range(self.first_reduce) if st0[i] != 0 and st1[i] == 0 and self.full_shape[i] % tc.dims[1] == 0]
-    axis_k = [i for i in range(self.first_reduce, self.first_upcast) if self.full_shape[i] % tc.dims[2] == 0]
-    if not axis_n or not axis_m or not axis_k:
-      return None
-    return axis_n[-1], axis_m[-1], axis_k[-1], mul
+        return []
+      bufs.append(self.bufs.index(s.arg))
+    st0, st1 = self.sts[bufs[0]].real_strides(), self.sts[bufs[1]].real_strides()
+    fs = self.full_shape
 
-  def _apply_tc_opt(self, use_tensor_cores: int, axis: int, amt: int) -> bool:
-    raise KernelOptError("tensor cores are not supported by this codegen yet")
+    def fits(i: int, d: int) -> bool:
+      return isinstance(fs[i], int) and fs[i] % d == 0
+    axis_n = [i for i in range(self.first_reduce) if fits(i, tc.dims[0]) and ((st0[i] == 0) != (st1[i] == 0))]
+    axis_m = [i for i in range(self.first_reduce) if fits(i, tc.dims[1])]
+    axis_k = [i for i in range(self.first_reduce, self.first_upcast) if fits(i, tc.dims[2])]
+    ret = []
+    for n, m, k in itertools.product(reversed(axis_n), reversed(axis_m), reversed(axis_k)):
+      # one source is broadcast along n and varies along m, the other the opposite way
+      if n != m and st0[n] is not None and st1[n] is not None and st0[m] is not None and st1[m] is not None and \
+          ((st0[n] == 0 and st1[n] != 0 and st0[m] != 0 and st1[m] == 0) or (st1[n] == 0 and st0[n] != 0 and st1[m] != 0 and st0[m] == 0)):
+        ret.append((n, m, k))
+    return ret
 
-  def apply_tensor_cores(self, use_tensor_cores: int = 1, extra_opts: Optional[List[Opt]] = None, axis: int = 0, tc_opt: Optional[int] = None) -> bool:
+  def apply_tensor_cores(self, use_tensor_cores: int = 1, extra_opts: Optional[List[Opt]] = None, axis: int = 0,
+                         tc_opt: Optional[int] = None) -> bool:
     """Try to place a tensor core; True when one was applied."""
     if tc_opt is None:
       tc_opt = int(TC_OPT.value)
@@ -542,7 +558,7 @@ class Kernel:
         pass
     # local groups
     if self.opts.has_local:
-      local_axis_ranking = [(any(st.views[-1].strides[axis] == 0 for st in self.sts), axis) for axis in range(len(self.full_shape[:self.first_reduce]))]
+      local_axis_ranking = [(any(st.views[-1].strides[axis] == 0 for st in self.sts), axis) for axis in range(self.first_reduce)]
       to_local: List[Tuple[int, int]] = []
       for _, axis in sorted(local_axis_ranking, key=lambda x: (-x[0], -x[1])):
         local_size = prod(sz for _, sz in to_local)
@@ -599,7 +615,7 @@ class Kernel:
     from tiny.codegen.lowerer import lazyop_to_uop
     if DEBUG >= 3:
       print(self.colored_shape(), self.applied_opts)
-    sink = lazyop_to_uop(self.get_optimized_ast(), self.opts, self.group_for_reduces)
+    sink = lazyop_to_uop(self.get_optimized_ast(), self.opts, self.group_for_reduces, self.tensor_core)
     self.uops = UOpGraph(sink, self.opts).linearize(extra_pm)
     return self
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, cast
 
 from tiny.dtype import DType, PtrDType, dtypes
 from tiny.helpers import prod
@@ -77,7 +77,7 @@ def get_grouped_dims(prefix: str, start_dim: int, sizes: Sequence[Any], max_coun
 class Lowerer:
   """Builds the UOp graph of one kernel AST."""
 
-  def __init__(self, ast: LazyOp, opts: Any, group_for_reduces: int = 0) -> None:
+  def __init__(self, ast: LazyOp, opts: Any, group_for_reduces: int = 0, tensor_core: Any = None) -> None:
     if ast.op is not MetaOps.KERNEL:
       raise ValueError(f"lowering needs a KERNEL LazyOp, got {ast.op}")
     self.ast, self.opts = ast, opts
@@ -99,6 +99,14 @@ class Lowerer:
     self.local_ids = itertools.count(0)
     self.bufs: Dict[Tuple[Any, ...], UOp] = {}
     self._vars = {a: self._var(a) for a in range(self.shape_len)}
+    self.tc = tensor_core
+    if self.tc is not None:
+      from tiny.runtime.ops_python import _wmma_layout  # the register layouts of each tensor core (shared with the emulator)
+      self.tc_arg = (str(self.tc), tuple(self.tc.dims), self.tc.dtype_in, self.tc.dtype_out, getattr(opts, "device", ""), self.tc.num_threads())
+      self.tc_layout = _wmma_layout(self.tc_arg)
+      self.tc_axes = (self.first_upcasted, self.first_upcasted + 1, self.first_upcasted + 2)
+      if self.ki.upcasted < 3 or self.group:
+        raise ValueError("a tensor-core kernel keeps its N, M, K tile as the first three upcasted axes")
 
   def _var(self, a: int) -> Any:
     from tiny.shape.symbolic import NumNode, Variable
@@ -118,7 +126,15 @@ class Lowerer:
         idxs += gi
       else:
         gi, _ = get_grouped_dims("gidx", 0, fs[:self.global_dims], 3, reverse=True)
-        li, _ = get_grouped_dims("lidx", 0, fs[self.global_dims:self.first_reduce + self.group], 3)
+        lsizes = list(fs[self.global_dims:self.first_reduce + self.group])
+        if self.tc is not None:
+          # lidx0 is the lane inside the warp: the threads that share one tensor-core instruction
+          if len(lsizes) > 2:
+            raise ValueError("tensor-core kernels allow at most two local dims")
+          li, _ = get_grouped_dims("lidx", 0, [self.tc_layout.warp] + lsizes, 3)
+          self.lane, li = li[0], li[1:]
+        else:
+          li, _ = get_grouped_dims("lidx", 0, lsizes, 3)
         idxs += gi + li
     else:
       idxs += [UOp(UOps.RANGE, IDX, (UOp.const(IDX, 0), sym_to_uop(s)), (i, False)) for i, s in enumerate(fs[:self.first_reduce])]
@@ -130,8 +146,23 @@ class Lowerer:
     for a in range(self.first_upcasted, self.shape_len):
       s = fs[a]
       idxs.append(UOp(UOps.EXPAND, IDX, tuple(UOp.const(IDX, i) for i in range(s)), ((a, s),)))
+    if self.tc is not None:
+      # outside the tensor-core reduce, the N and M tile coordinates are those of the C registers this lane holds
+      n_ax, m_ax, k_ax = self.tc_axes
+      idxs[m_ax], idxs[n_ax] = self._layout_expand("c", 0), self._layout_expand("c", 1)
+      idxs[k_ax] = UOp.const(IDX, 0)
     assert len(idxs) == self.shape_len
     return idxs
+
+  def _layout_expand(self, operand: str, coord: int) -> UOp:
+    """An EXPAND over the registers of a tensor-core operand, giving row (coord 0) or column (coord 1) per register."""
+    lay = self.tc_layout
+    fxn, count, vaxis = {"a": (lay.a, lay.sizes[0], 10001), "b": (lay.b, lay.sizes[1], 10002), "c": (lay.c, lay.sizes[2], 10003)}[operand]
+    vals = []
+    for e in range(count):
+      v = fxn(self.lane, e)[coord]
+      vals.append(v if isinstance(v, UOp) else UOp.const(IDX, v))
+    return UOp(UOps.EXPAND, IDX, tuple(vals), ((vaxis, count),))
 
   def render_st(self, st: Any, idxs: Sequence[UOp]) -> Tuple[UOp, UOp]:
     idx, valid = st.expr_idxs([self._vars[a] for a in range(self.shape_len)])
@@ -179,12 +210,12 @@ class Lowerer:
     if x.op is BufferOps.STORE:
       mb = x.arg
       idx, valid = self.render_st(mb.st, idxs)
-      val = self.to_uop(x.src[0], idxs)
+      sval = self.to_uop(x.src[0], idxs)
       # after a grouped reduce every thread of the group holds the result: only the first one writes
       for a in range(self.first_reduce, self.first_reduce + self.group):
         valid = valid & idxs[a].eq(0)
       buf = self.global_buf(mb)
-      return UOp(UOps.STORE, None, (buf, idx, val) + (() if valid.op is UOps.CONST and valid.arg is True else (valid,)))
+      return UOp(UOps.STORE, None, (buf, idx, sval) + (() if valid.op is UOps.CONST and valid.arg is True else (valid,)))
     if x.op in ReduceOps:
       return self.reduce(x, idxs)
     srcs = [self.to_uop(s, idxs) for s in x.src]
@@ -192,7 +223,7 @@ class Lowerer:
       return UOp(UOps.CAST, x.arg.scalar() if hasattr(x.arg, "scalar") else x.arg, (srcs[0],))
     if x.op is UnaryOps.BITCAST:
       return UOp(UOps.BITCAST, x.arg, (srcs[0],))
-    if x.op in UnaryOps or x.op in BinaryOps or x.op in TernaryOps:
+    if isinstance(x.op, (UnaryOps, BinaryOps, TernaryOps)):
       return srcs[0].alu(x.op, *srcs[1:])
     raise ValueError(f"cannot lower {x.op}")
 
@@ -203,7 +234,9 @@ class Lowerer:
   def reduce(self, x: LazyOp, idxs: List[UOp]) -> UOp:
     if x.op is ReduceOps.WMMA:
       return self.wmma(x, idxs)
-    alu = {ReduceOps.SUM: BinaryOps.ADD, ReduceOps.MAX: BinaryOps.MAX}[x.op]
+    if self.tc is not None and self.tc_axes[2] in x.arg:
+      return self.tc_reduce(x, idxs)
+    alu = {ReduceOps.SUM: BinaryOps.ADD, ReduceOps.MAX: BinaryOps.MAX}[cast(ReduceOps, x.op)]
     dtype: DType = x.dtype
     axes = sorted(x.arg)
     group_axes = [a for a in axes if self.first_reduce <= a < self.first_reduce + self.group]
@@ -245,39 +278,41 @@ class Lowerer:
     return UOp(UOps.REDUCE, dtype, (ld, *ranges2), alu)
 
   def wmma(self, x: LazyOp, idxs: List[UOp]) -> UOp:
-    """ReduceOps.WMMA: arg = (name, dims, dtype_in, dtype_out, device, threads, upcast_axes, reduce_axes) plus the reduce axes."""
-    wmma_arg, axes = x.arg
-    dtype: DType = x.dtype
-    upcast_axes = wmma_arg[6]
-    new_idxs = list(idxs)
+    raise NotImplementedError("ReduceOps.WMMA in an AST is not supported: tensor cores are placed with Opt(OptOps.TC)")
+
+  def tc_reduce(self, x: LazyOp, idxs: List[UOp]) -> UOp:
+    """The tensor-core SUM: each lane loads its A and B registers, one WMMA per step of the outer K loop accumulates C."""
+    tc, lay = self.tc, self.tc_layout
+    n_ax, m_ax, k_ax = self.tc_axes
     ranges = []
-    for a in axes:
-      if a >= self.first_upcasted:
-        continue
-      new_idxs[a] = r = self._fresh_range(a)
-      ranges.append(r)
+    base = list(idxs)
+    for a in sorted(x.arg):
+      if a < self.first_upcasted:
+        base[a] = r = self._fresh_range(a)
+        ranges.append(r)
     mul = x.src[0]
-    assert mul.op is BinaryOps.MUL
-    a_in, b_in = (self.to_uop(s, new_idxs) for s in mul.src)
-    (ua, na), (ub, nb), (uc, nc) = upcast_axes
-    dt_in = wmma_arg[2]
-    ca = UOp(UOps.CONTRACT, dt_in.vec(na), (a_in,), ua)
-    cb = UOp(UOps.CONTRACT, dt_in.vec(nb), (b_in,), ub)
-    acc = UOp.const(dtype.vec(nc), 0)
-    w = UOp(UOps.WMMA, dtype.vec(nc), (ca, cb, acc), wmma_arg[:6] + ((ua, ub, uc), wmma_arg[7]))
-    ex = UOp(UOps.EXPAND, dtype, tuple(w.gep(i) for i in range(nc)), uc)
-    red = tuple(a for a in axes if a >= self.first_upcasted and all(a != u[0] for u in uc))
-    val: UOp = ex
-    if red:
-      n = prod([self.full_shape[a] for a in red])
-      con = UOp(UOps.CONTRACT, dtype.vec(n), (val,), tuple((a, self.full_shape[a]) for a in red))
-      val = functools.reduce(lambda p, q: p + q, [con.gep(i) for i in range(n)])
-    return UOp(UOps.REDUCE, dtype, (val, *ranges), BinaryOps.ADD) if ranges else val
+    srcs = []
+    for s in mul.src:
+      srcs.append(s.src[0] if s.op is UnaryOps.CAST and s.src[0].op is BufferOps.LOAD else s)
+    # A (M x K) is the source that is broadcast along the N tile
+    strides0 = srcs[0].arg.st.real_strides()
+    a_src, b_src = (srcs[0], srcs[1]) if strides0[n_ax] == 0 else (srcs[1], srcs[0])
+    ctx_a, ctx_b = list(base), list(base)
+    ctx_a[m_ax], ctx_a[k_ax], ctx_a[n_ax] = self._layout_expand("a", 0), self._layout_expand("a", 1), UOp.const(IDX, 0)
+    ctx_b[k_ax], ctx_b[n_ax], ctx_b[m_ax] = self._layout_expand("b", 0), self._layout_expand("b", 1), UOp.const(IDX, 0)
+    na, nb, nc = lay.sizes
+    av = UOp(UOps.CONTRACT, tc.dtype_in.vec(na), (self.to_uop(a_src, ctx_a),), ((10001, na),))
+    bv = UOp(UOps.CONTRACT, tc.dtype_in.vec(nb), (self.to_uop(b_src, ctx_b),), ((10002, nb),))
+    out_dt = tc.dtype_out.vec(nc)
+    arg = self.tc_arg + ((((10001, na),), ((10002, nb),), ((10003, nc),)), ())
+    w = UOp(UOps.WMMA, out_dt, (av, bv, UOp.const(out_dt, 0)), arg)
+    red = UOp(UOps.REDUCE, out_dt, (w, *ranges), BinaryOps.ADD) if ranges else w
+    return UOp(UOps.EXPAND, tc.dtype_out, tuple(red.gep(e) for e in range(nc)), ((10003, nc),))
 
 
-def lazyop_to_uop(ast: LazyOp, opts: Any, group_for_reduces: int = 0) -> UOp:
-  """The SINK of the uop graph of a kernel AST (KernelInfo in ast.arg)."""
-  return Lowerer(ast, opts, group_for_reduces).lower()
+def lazyop_to_uop(ast: LazyOp, opts: Any, group_for_reduces: int = 0, tensor_core: Any = None) -> UOp:
+  """The SINK of the uop graph of a kernel AST (KernelInfo in ast.arg); tensor_core: the TensorCore placed by Opt(OptOps.TC)."""
+  return Lowerer(ast, opts, group_for_reduces, tensor_core).lower()
 
 
 ast_to_uop = lazyop_to_uop

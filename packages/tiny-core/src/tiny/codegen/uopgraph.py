@@ -347,6 +347,19 @@ def do_contract(con: UOp) -> Optional[UOp]:
   return UOp(UOps.EXPAND, con.dtype, tuple(out), rest)
 
 
+def _merge_nested_expand(root: UOp) -> Optional[UOp]:
+  """An EXPAND whose lanes are themselves EXPANDs becomes one EXPAND over both sets of axes."""
+  if not any(x.op is UOps.EXPAND for x in root.src):
+    return None
+  inner = tuple(sorted(dedup(flatten([x.arg for x in root.src if x.op is UOps.EXPAND]))))
+  args = tuple(sorted(dedup(root.arg + inner)))
+  lanes = []
+  for rpk in _choices(args):
+    x = root.src[_expand_idx(root.arg, rpk)]
+    lanes.append(x.src[_expand_idx(x.arg, rpk)] if x.op is UOps.EXPAND else x)
+  return UOp(UOps.EXPAND, root.dtype, tuple(lanes), args)
+
+
 def _flatten_expand_src(root: UOp) -> Optional[UOp]:
   if not any(x.op is UOps.EXPAND for x in root.src):
     return None
@@ -368,7 +381,7 @@ expander = PatternMatcher([
   (UPat({UOps.ALU, UOps.CAST, UOps.BITCAST, UOps.GEP, UOps.WMMA, UOps.LOAD, UOps.STORE, UOps.VECTORIZE, UOps.REDUCE, UOps.BARRIER},
         name="root", src=None), lambda root: do_expand(root) if root.op is not UOps.BARRIER else _flatten_expand_src(root)),
   (UPat(UOps.CONTRACT, name="con"), do_contract),
-  (UPat(UOps.EXPAND, name="ex"), lambda ex: ex.src[0] if ex.arg == () else None),
+  (UPat(UOps.EXPAND, name="ex"), lambda ex: ex.src[0] if ex.arg == () else _merge_nested_expand(ex)),
   (UPat(UOps.SINK, name="root"), _flatten_expand_src),
   (UPat(UOps.GEP, name="g", src=(UPat(UOps.VECTORIZE, name="vec"),)), _gep_vectorize),
   (UPat(UOps.VECTORIZE, name="root", src=UPat(UOps.GEP)), _vectorize_of_geps),
@@ -385,6 +398,10 @@ def _identity(op: BinaryOps, dtype: DType) -> Any:
   raise ValueError(f"no identity for {op}")
 
 
+def _is_zero(u: UOp) -> bool:
+  return uop_const_value(u) == 0 or (u.op is UOps.VECTORIZE and all(uop_const_value(s) == 0 for s in u.src))
+
+
 def make_reduce_lowerer() -> PatternMatcher:
   """A matcher that lowers each REDUCE to an accumulator; numbering is per linearization."""
   counter = itertools.count()
@@ -392,7 +409,11 @@ def make_reduce_lowerer() -> PatternMatcher:
   def lower(red: UOp) -> UOp:
     assert red.dtype is not None
     acc = UOp(UOps.DEFINE_ACC, red.dtype, (UOp.const(red.dtype.scalar(), _identity(red.arg, red.dtype)),) + red.src[1:], (next(counter),))
-    return UOp(UOps.PHI, red.dtype, (acc, acc.alu(red.arg, red.src[0])))
+    v = red.src[0]
+    if v.op is UOps.WMMA and red.arg is BinaryOps.ADD and _is_zero(v.src[2]):
+      # a tensor core adds into its C operand: accumulate in place
+      return UOp(UOps.PHI, red.dtype, (acc, UOp(UOps.WMMA, v.dtype, (v.src[0], v.src[1], acc), v.arg)))
+    return UOp(UOps.PHI, red.dtype, (acc, acc.alu(red.arg, v)))
   return PatternMatcher([(UPat(UOps.REDUCE, name="red"), lower)])
 
 
@@ -585,8 +606,8 @@ def linearize_sink(sink: UOp) -> List[UOp]:
 
   parent: Dict[UOp, Optional[UOp]] = {}
   for r in loops:
-    parent[r] = innermost(place[r] - {r})
-    if place[r] - {r} != (place[parent[r]] if parent[r] is not None else empty):
+    parent[r] = pr = innermost(place[r] - {r})
+    if place[r] - {r} != (place[pr] if pr is not None else empty):
       raise LinearizeError(f"loop {r.arg} cannot be nested: {sorted(x.arg for x in place[r])}")
   block: Dict[UOp, Optional[UOp]] = {}
   for u in nodes:

@@ -40,6 +40,11 @@ Ordering rules of the linearized list (codegen helper):
 - A PHI sits inside all the loops of its DEFINE_ACC; its users outside those loops read the accumulator.
 - Global/local dims are SPECIALs when the renderer has_local, else non-reduce RANGEs (axis < 1000,
   arg[1] False) that enclose the whole kernel body; reduce loops have arg[1] True.
+- WMMA (from Opt(OptOps.TC)): arg = (name, dims (N, M, K), dtype_in, dtype_out, device, threads: int (lanes per
+  instruction), upcast_axes ((A axes), (B axes), (C axes)), reduce_axes ()). src = (A registers, B registers,
+  accumulator) as vectors; register e of lane L holds the element the device's layout assigns to (L, e)
+  (tiny.runtime.ops_python.WMMA_LAYOUTS). lidx0 is the lane (a SPECIAL of size `threads`). Inside the K loop
+  the WMMA's third source is the DEFINE_ACC and its PHI writes the result back (acc = wmma(a, b, acc)).
 """
 from __future__ import annotations
 
@@ -386,6 +391,29 @@ def _match(u: UOp, pat: UPat, store: Dict[str, UOp]) -> List[Dict[str, UOp]]:
   return res
 
 
+def _src_ops_ok(srcs: Sequence[UOp], pats: Sequence[UPat]) -> bool:
+  for s, p in zip(srcs, pats):
+    if p.op is not None and s.op not in p.op:
+      return False
+    if p.arg is not None and p.op is not None and s.arg is not p.arg and not _arg_eq(s.arg, p.arg):
+      return False
+  return True
+
+
+def _quick_check(u: UOp, pat: UPat) -> bool:
+  """A cheap necessary condition for _match (op/arg of the direct sources), so most non-matches skip the full match."""
+  psrc = pat.src
+  if psrc is None or isinstance(psrc, list):
+    return True
+  if isinstance(psrc, UPat):
+    return psrc.op is None or all(s.op in psrc.op for s in u.src)
+  if len(u.src) != len(psrc) and not (pat.allow_any_len and len(u.src) >= len(psrc)):
+    return False
+  if _src_ops_ok(u.src, psrc):
+    return True
+  return len(psrc) == 2 and u.commutative() and _src_ops_ok((u.src[1], u.src[0]), psrc)
+
+
 class PatternMatcher:
   """An ordered list of (UPat, fxn) rules; fxn(**bound_names) returns a replacement uop or None.
 
@@ -416,6 +444,8 @@ class PatternMatcher:
   def rewrite(self, u: UOp) -> Optional[UOp]:
     """The first replacement a rule gives for u (not recursive), or None."""
     for p, fxn in self._candidates(u):
+      if not _quick_check(u, p):
+        continue
       for store in _match(u, p, {}):
         if (ret := fxn(**store)) is not None:
           return ret

@@ -80,6 +80,13 @@ class ShapeTracker:
     ret = idx.max
     while not isinstance(ret, int):
       ret = ret.max
+    # the first view addresses the buffer: over its valid box the largest index is exact (idx.max ignores validity)
+    v = self.views[0]
+    if all(isinstance(x, int) for x in v.shape + v.strides + (v.offset,)) and (v.mask is None or all(isinstance(x, int) for m in v.mask for x in m)):
+      box = v.mask if v.mask is not None else tuple((0, s) for s in v.shape)
+      if any(b >= e for b, e in box):
+        return 0
+      ret = min(ret, v.offset + sum(st * (e - 1) if st > 0 else st * b for st, (b, e) in zip(v.strides, box)))  # type: ignore[operator]
     return ret + 1
 
   def vars(self) -> Set[Variable]:

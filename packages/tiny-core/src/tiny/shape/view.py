@@ -126,6 +126,11 @@ class View:
       raise ValueError(f"strides {strides} don't match shape {shape}")
     if mask is not None and len(mask) != len(shape):
       raise ValueError(f"mask {mask} doesn't match shape {shape}")
+    if any(isinstance(x, NumNode) for x in shape + (strides or ()) + (offset,) + (tuple(x for m in mask for x in m) if mask else ())):
+      # a NumNode equals (and hashes like) its int: store plain ints so that int views stay int views
+      shape, offset = tuple(_num(s) for s in shape), _num(offset)
+      strides = tuple(_num(s) for s in strides) if strides is not None else None
+      mask = tuple((_num(b), _num(e)) for b, e in mask) if mask is not None else None
     strides = canonicalize_strides(shape, strides) if strides else strides_for_shape(shape)
     if 0 in shape:
       return View(shape, (0,) * len(shape), 0, None, True)
@@ -140,8 +145,6 @@ class View:
         # a dim with one valid index reads one place: fold it into the offset
         offset = offset + sum(st * b for st, (b, e) in zip(strides, int_mask) if e - b == 1 and st != 0)
         strides = tuple(0 if e - b == 1 else st for st, (b, e) in zip(strides, int_mask))
-    if isinstance(offset, NumNode):
-      offset = offset.b
     contiguous = offset == 0 and mask is None and strides == strides_for_shape(shape)
     return View(shape, strides, offset, mask, contiguous)
 

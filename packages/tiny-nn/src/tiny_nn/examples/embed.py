@@ -60,10 +60,27 @@ class BertEmbeddings:
     self.token_type_embeddings = Embedding(type_vocab, hidden)
     self.LayerNorm = LayerNorm(hidden, eps=eps)
 
-  def __call__(self, input_ids: Tensor, token_type_ids: Tensor) -> Tensor:
+  def __call__(self, input_ids: Tensor, token_type_ids: Tensor, inputs_embeds: Optional[Tensor] = None) -> Tensor:
     seq = input_ids.shape[1]
     positions = self.position_embeddings.weight[:seq].reshape(1, seq, -1)  # positions are 0..seq-1: a slice, no lookup needed
-    return self.LayerNorm(self.word_embeddings(input_ids) + positions + self.token_type_embeddings(token_type_ids))
+    words = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds
+    return self.LayerNorm(words + positions + self.token_type_embeddings(token_type_ids))
+
+  def embed_known_ids(self, ids: np.ndarray) -> Tensor:
+    """word_embeddings(ids) for ids known on the host, without the one-hot pass over the whole 30k vocabulary.
+
+    The rows of the distinct ids are sliced out of the table (cheap views, concatenated in one kernel per chunk), and the
+    lookup then runs through a small Embedding over just those rows.
+    """
+    table = self.word_embeddings.weight
+    uniq, local = np.unique(ids, return_inverse=True)
+    if uniq.size and (uniq[0] < 0 or uniq[-1] >= table.shape[0]):
+      raise ValueError(f"token ids must be in [0, {table.shape[0]}), got {uniq[0]}..{uniq[-1]}")
+    rows = [table[int(i):int(i) + 1] for i in uniq]
+    chunks = [Tensor.cat(*rows[i:i + 64]) if len(rows[i:i + 64]) > 1 else rows[i] for i in range(0, len(rows), 64)]
+    small = Embedding(len(uniq), table.shape[1])
+    small.weight = chunks[0].cat(*chunks[1:]) if len(chunks) > 1 else chunks[0]
+    return small(Tensor(local.reshape(ids.shape).astype(np.int32), dtype=dtypes.int32))
 
 
 class BertSelfAttention:
@@ -129,10 +146,11 @@ class BertModel:
     self.embeddings = BertEmbeddings(config["vocab_size"], hidden, config["max_position_embeddings"], config["type_vocab_size"], eps)
     self.encoder = BertEncoder(config["num_hidden_layers"], hidden, config["num_attention_heads"], config["intermediate_size"], eps)
 
-  def __call__(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor) -> Tensor:
+  def __call__(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor, inputs_embeds: Optional[Tensor] = None) -> Tensor:
+    """Last hidden states (batch, seq, hidden); `inputs_embeds` replaces the word-embedding lookup when given."""
     # masked-out keys get a large negative score, as in the reference implementation
     mask_bias = ((1.0 - attention_mask.float()) * -10000.0).reshape(attention_mask.shape[0], 1, 1, attention_mask.shape[1])
-    x = self.embeddings(input_ids, token_type_ids)
+    x = self.embeddings(input_ids, token_type_ids, inputs_embeds)
     for layer in self.encoder.layer:
       x = layer(x, mask_bias)
     return x
@@ -179,7 +197,8 @@ class SentenceEncoder:
     prev, Tensor.training = Tensor.training, False
     try:
       m = Tensor(mask, dtype=dtypes.int32)
-      hidden = self.model(Tensor(ids, dtype=dtypes.int32), m, Tensor(types, dtype=dtypes.int32))
+      words = self.model.embeddings.embed_known_ids(ids)
+      hidden = self.model(Tensor(ids, dtype=dtypes.int32), m, Tensor(types, dtype=dtypes.int32), inputs_embeds=words)
       mf = m.float().unsqueeze(-1)
       pooled = (hidden * mf).sum(1) / mf.sum(1).maximum(1e-9)
       out = pooled / (pooled * pooled).sum(-1, keepdim=True).sqrt().maximum(1e-12)

@@ -1,0 +1,107 @@
+"""A representative suite of kernels for checking the CUDA renderers without a GPU.
+
+`op_suite_asts()` builds kernels the way a program does (Tensor ops -> schedule) on the PYTHON device, so the ASTs are
+exactly what the scheduler produces; `render_suite()` turns each into a Program for a renderer, with or without the
+heuristic optimizations. `python -m tiny_cuda.opsuite [sm_80 ...]` renders and compiles the whole suite with both renderers.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from tiny.codegen.kernel import Kernel, KernelOptError
+from tiny.dtype import dtypes
+from tiny.ops import LazyOp, MetaOps
+
+SuiteCase = Tuple[str, Callable[[], Any]]
+
+
+def _cases() -> List[SuiteCase]:
+  from tiny.shape.symbolic import Variable
+  from tiny.tensor import Tensor
+
+  def t(*shape: int, dtype: Any = dtypes.float32) -> Any:
+    return Tensor.empty(*shape, dtype=dtype, device="PYTHON")
+
+  x, y = t(4, 33), t(4, 33)
+  v = Variable("n", 1, 64)
+  return [
+    ("add", lambda: x + y), ("mul_sub_div", lambda: (x * y - 2.0) / (y + 3.0)), ("neg_abs_max", lambda: (-x).abs().maximum(y)),
+    ("exp_log", lambda: x.exp() + y.log()), ("sin_sqrt", lambda: x.sin() * y.sqrt()), ("sigmoid_tanh", lambda: x.sigmoid() + y.tanh()),
+    ("gelu_relu", lambda: x.gelu() + y.relu()), ("where_cmp", lambda: (x < y).where(x, y) + (x == 1.0).where(1.0, 0.0)),
+    ("float4_vec", lambda: t(64, 64) * 2.0 + t(64, 64)),
+    ("reduce_sum", lambda: t(64, 96).sum(axis=1)), ("reduce_max", lambda: t(96, 64).max(axis=0)), ("reduce_all", lambda: t(1024).sum()),
+    ("mean_var", lambda: t(16, 64).var(axis=1)), ("softmax", lambda: t(8, 100).softmax()), ("argmax", lambda: t(8, 40).argmax(axis=1)),
+    ("layernorm", lambda: t(8, 64).layernorm()), ("cumsum", lambda: t(50).cumsum()), ("arange", lambda: Tensor.arange(100, device="PYTHON") * 3),
+    ("matmul", lambda: t(64, 64) @ t(64, 64)), ("matvec", lambda: t(256, 128) @ t(128)),
+    ("conv2d", lambda: t(1, 4, 12, 12).conv2d(t(8, 4, 3, 3))), ("max_pool", lambda: t(1, 2, 8, 8).max_pool2d()),
+    ("pad_shrink", lambda: t(6, 6).pad(((1, 2), (0, 3))).shrink(((0, 7), (1, 8))) + 1.0), ("permute", lambda: t(16, 8).permute(1, 0).contiguous()),
+    ("one_hot", lambda: t(10, dtype=dtypes.int32).one_hot(7)),
+    ("int_ops", lambda: (t(64, dtype=dtypes.int32) // 3) * 7 + t(64, dtype=dtypes.int32) % 5),
+    ("bitwise", lambda: (t(64, dtype=dtypes.int32) ^ t(64, dtype=dtypes.int32)) & 0xFF | 3),
+    ("int64_uint8", lambda: t(64, dtype=dtypes.int64) * 3 + t(64, dtype=dtypes.uint8).cast(dtypes.int64)),
+    ("float64", lambda: (t(32, dtype=dtypes.float64) * 1.5).exp()),
+    ("rand", lambda: Tensor.rand(37, device="PYTHON")),
+    ("half_ew", lambda: (t(64, dtype=dtypes.half) * 2 + t(64, dtype=dtypes.half)).relu().sqrt()),
+    ("half_reduce", lambda: t(32, 64, dtype=dtypes.half).sum(axis=1, acc_dtype=dtypes.float32)),
+    ("bf16_ew", lambda: (t(64, dtype=dtypes.bfloat16) * 2 + t(64, dtype=dtypes.bfloat16)).exp()),
+    ("casts", lambda: t(64).cast(dtypes.half).cast(dtypes.int8).cast(dtypes.bfloat16).cast(dtypes.float32) + t(64, dtype=dtypes.bool).cast(dtypes.float32)),
+    ("bitcast", lambda: t(64).bitcast(dtypes.int32) + 1),
+    ("half_matmul", lambda: t(64, 64, dtype=dtypes.half).matmul(t(64, 64, dtype=dtypes.half), acc_dtype=dtypes.float32)),
+    ("bf16_matmul", lambda: t(64, 64, dtype=dtypes.bfloat16).matmul(t(64, 64, dtype=dtypes.bfloat16), acc_dtype=dtypes.float32)),
+    ("symbolic", lambda: (t(64, 32).shrink(((0, v.bind(20)), None)) * 2).sum(axis=1)),
+  ]
+
+
+def op_suite_asts(names: Optional[List[str]] = None) -> Dict[str, List[LazyOp]]:
+  """{case name: the kernel ASTs its schedule holds} for the suite (or the named cases)."""
+  from tiny.engine.schedule import create_schedule_with_vars
+  out: Dict[str, List[LazyOp]] = {}
+  for name, fn in _cases():
+    if names is not None and name not in names:
+      continue
+    sched, _ = create_schedule_with_vars([fn().lazydata])
+    out[name] = [si.ast for si in sched if si.ast.op is MetaOps.KERNEL]
+  return out
+
+
+def make_program(ast: LazyOp, renderer: Any, opt: str = "hand") -> Any:
+  """The Program of one AST for a renderer; opt is "none", "hand" (hand_coded_optimizations) or "tc" (tensor cores first)."""
+  k = Kernel(ast, opts=renderer)
+  if opt == "hand":
+    k.hand_coded_optimizations()
+  elif opt == "tc":
+    if not k.apply_tensor_cores(1):
+      raise KernelOptError("no tensor core applies to this kernel")
+  elif opt != "none":
+    raise ValueError(f"opt must be none, hand or tc, not {opt!r}")
+  return k.to_program()
+
+
+def main(argv: List[str]) -> int:
+  """Render and compile the suite for each architecture given (default sm_80 sm_90) with both renderers."""
+  from tiny_cuda.compiler import NVRTCCompiler, PTXCompiler
+  from tiny_cuda.ptx import PTXRenderer
+  from tiny_cuda.renderer import CUDARenderer
+  suite = op_suite_asts()
+  failed = 0
+  for arch in argv or ["sm_80", "sm_90"]:
+    for rcls, ccls in ((CUDARenderer, NVRTCCompiler), (PTXRenderer, PTXCompiler)):
+      renderer, compiler = rcls(arch), ccls(arch)
+      st, n = time.perf_counter(), 0
+      for name, asts in suite.items():
+        for i, ast in enumerate(asts):
+          for opt in ("none", "hand"):
+            try:
+              compiler.compile(make_program(ast, renderer, opt).src)
+              n += 1
+            except Exception as e:  # noqa: BLE001 - report every failure, keep going
+              failed += 1
+              print(f"FAIL {arch} {rcls.__name__} {name}[{i}] {opt}: {type(e).__name__}: {str(e)[:2000]}")
+      print(f"{arch} {rcls.__name__}: {n} kernels compiled in {time.perf_counter() - st:.2f}s")
+  return 1 if failed else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))
