@@ -160,7 +160,7 @@ class Lowerer:
     fxn, count, vaxis = {"a": (lay.a, lay.sizes[0], 10001), "b": (lay.b, lay.sizes[1], 10002), "c": (lay.c, lay.sizes[2], 10003)}[operand]
     vals = []
     for e in range(count):
-      v = fxn(self.lane, e)[coord]
+      v = cast(Any, fxn)(self.lane, e)[coord]
       vals.append(v if isinstance(v, UOp) else UOp.const(IDX, v))
     return UOp(UOps.EXPAND, IDX, tuple(vals), ((vaxis, count),))
 

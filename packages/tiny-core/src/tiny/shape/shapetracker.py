@@ -77,7 +77,7 @@ class ShapeTracker:
     idx, valid = self.expr_idxs()
     if not valid:
       return 0
-    ret = idx.max
+    ret: sint = idx.max
     while not isinstance(ret, int):
       ret = ret.max
     # the first view addresses the buffer: over its valid box the largest index is exact (idx.max ignores validity)
@@ -86,7 +86,8 @@ class ShapeTracker:
       box = v.mask if v.mask is not None else tuple((0, s) for s in v.shape)
       if any(b >= e for b, e in box):
         return 0
-      ret = min(ret, v.offset + sum(st * (e - 1) if st > 0 else st * b for st, (b, e) in zip(v.strides, box)))  # type: ignore[operator]
+      box_max = cast(int, v.offset + sum(st * (e - 1) if st > 0 else st * b for st, (b, e) in zip(v.strides, box)))  # type: ignore[operator]
+      return min(ret, box_max) + 1
     return ret + 1
 
   def vars(self) -> Set[Variable]:
@@ -112,7 +113,7 @@ class ShapeTracker:
     for this_dim in (idx.nodes if isinstance(idx, SumNode) else [idx]):
       idx_maybe, stride_maybe = (this_dim.a, this_dim.b) if isinstance(this_dim, MulNode) else (this_dim, 1)
       if idx_maybe in idxs and not isinstance(idx_maybe, NumNode):
-        ret[idxs.index(idx_maybe)] = cast(sint, stride_maybe)
+        ret[idxs.index(idx_maybe)] = stride_maybe
       else:
         bad_idx_vars |= idx_maybe.vars()
     idx_vars, valid_vars = idx.vars(), valid.vars()

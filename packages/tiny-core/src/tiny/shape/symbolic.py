@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple, Type, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple, Type, Union, cast
 
 from tiny.helpers import partition
 
@@ -132,7 +132,7 @@ class Node:
     if self.min < 0:
       # shift the numerator to be non-negative (C and Python division agree there), then shift the quotient back
       offset = self.min // b
-      return (self + -offset * b).__floordiv__(b, factoring_allowed=False) + offset
+      return (self + -offset * b).__floordiv__(b, False) + offset
     return create_node(DivNode(self, b))
 
   def __rmod__(self, b: int) -> Node:
@@ -248,7 +248,7 @@ def create_lt_node(lhs: Node, b: Union[Node, int]) -> Node:
     lhs = Node.sum(rest)
     if isinstance(lhs, SumNode):
       # g*T + R < g*B  <=>  T < B  when 0 <= R < g
-      muls, others = partition(lhs.nodes, lambda x: x.__class__ is MulNode and isinstance(x.b, int) and x.b > 0 and _imax(x.max) >= b)
+      muls, others = partition(lhs.nodes, lambda x: bool(x.__class__ is MulNode and isinstance(x.b, int) and x.b > 0 and _imax(x.max) >= b))
       if muls:
         g = b
         for x in muls:
@@ -553,12 +553,12 @@ class SumNode(RedNode):
     g, divisor = b, 1
     for x in self.flat_components:
       if x.__class__ is NumNode:
-        q, r = divmod(x.b, b)  # type: ignore[call-overload]
-        if q:
-          fully_divided.append(NumNode(q))
-        if r:
-          rest.append(NumNode(r))
-          g = math.gcd(g, r)
+        quo, rem = divmod(x.b, b)  # type: ignore[call-overload]
+        if quo:
+          fully_divided.append(NumNode(quo))
+        if rem:
+          rest.append(NumNode(rem))
+          g = math.gcd(g, rem)
       elif x.__class__ is MulNode and isinstance(x.b, int):
         if x.b % b == 0:
           fully_divided.append(x // b)

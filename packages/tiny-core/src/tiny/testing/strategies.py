@@ -10,7 +10,7 @@ Ops: ("reshape", shape), ("permute", axes), ("expand", shape), ("pad", ((before,
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union, cast
 
 import numpy as np
 from hypothesis import settings
@@ -83,9 +83,9 @@ def movement_op(draw: st.DrawFn, shape: Tuple[int, ...], max_size: int = 256, al
       arg.append((b, e))
     return ("shrink", tuple(arg))
   if kind == "pad":
-    arg = tuple((draw(st.integers(0, 2)), draw(st.integers(0, 2))) for _ in shape)
-    if prod(s + b + e for s, (b, e) in zip(shape, arg)) <= max_size:
-      return ("pad", arg)
+    parg = tuple((draw(st.integers(0, 2)), draw(st.integers(0, 2))) for _ in shape)
+    if prod(s + b + e for s, (b, e) in zip(shape, parg)) <= max_size:
+      return ("pad", parg)
     return ("pad", tuple((0, 0) for _ in shape))
   # expand
   new_shape = list(shape)
@@ -231,7 +231,7 @@ def shapetracker_indices(sht: ShapeTracker, simplify: bool = False) -> Tuple[np.
   """(index, valid) of every position of sht as int64 / bool arrays of sht.shape, from its expr_idxs."""
   if simplify:
     sht = sht.simplify()
-  shape = tuple(int(s) for s in sht.shape)
+  shape = tuple(int(cast(int, s)) for s in sht.shape)
   idx, valid = sht.expr_idxs()
   grids = np.indices(shape, dtype=np.int64) if shape else np.zeros((0,), dtype=np.int64)
   values = {f"idx{i}": grids[i] for i in range(len(shape))}
@@ -256,7 +256,7 @@ def variables(draw: st.DrawFn, min_vars: int = 1, max_vars: int = 3, max_value: 
 @st.composite
 def bindings(draw: st.DrawFn, vs: Sequence[Variable]) -> Dict[Variable, int]:
   """A value within range for each Variable."""
-  return {v: draw(st.integers(v.min, int(v.max))) for v in vs}
+  return {v: draw(st.integers(v.min, int(cast(int, v.max)))) for v in vs}
 
 
 def symbolic_trees(vs: Sequence[Variable], max_leaves: int = 12) -> st.SearchStrategy[Tree]:
