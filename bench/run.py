@@ -3,13 +3,15 @@
 Run `python bench/run.py` (or `nox -s bench`). Each benchmark runs after warm-up; we report the median
 of several timed runs, the throughput, and the ratio tiny/peer (above 1 means tiny is faster).
 Results go to stdout as a markdown table, to `bench/RESULTS.md` with `--write`, and as JSON lines to
-`--json FILE`.
+`--json FILE`. Model benchmarks live in `bench/models/` (GPT-2 and an MNIST-style CNN).
 """
 from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import importlib
+import importlib.metadata
 import json
 import os
 import platform
@@ -37,13 +39,22 @@ class Result:
   peak_mem_mb: Optional[float] = None
   note: str = ""
   extra: Dict[str, Any] = field(default_factory=dict)
+  first_call_s: Optional[float] = None
+  load: Optional[float] = None  # 1-minute load average when the benchmark finished (the machine may be shared)
 
 
-def time_it(fn: Runner, sync: Callable[[], None], warmup: int, repeat: int, budget_s: float) -> float:
-  """Median wall time of fn() after warm-up; stops early when the time budget is used up."""
-  for _ in range(warmup):
+def time_it(fn: Runner, sync: Callable[[], None], warmup: int, repeat: int, budget_s: float,
+            after_call: Optional[Callable[[], None]] = None) -> Tuple[float, float]:
+  """(median wall time of fn() after warm-up, time of the very first call); stops early when the time budget is used up."""
+  first = 0.0
+  for i in range(warmup):
+    st = time.perf_counter()
     fn()
     sync()
+    if i == 0:
+      first = time.perf_counter() - st
+    if after_call is not None:
+      after_call()
   times: List[float] = []
   start = time.perf_counter()
   for _ in range(repeat):
@@ -51,9 +62,11 @@ def time_it(fn: Runner, sync: Callable[[], None], warmup: int, repeat: int, budg
     fn()
     sync()
     times.append(time.perf_counter() - st)
+    if after_call is not None:
+      after_call()
     if time.perf_counter() - start > budget_s and len(times) >= 3:
       break
-  return statistics.median(times)
+  return statistics.median(times), first
 
 
 # ---------------------------------------------------------------- frameworks
@@ -63,11 +76,21 @@ class Framework:
 
   name = ""
   device = "CPU"
+  backend = ""  # how the framework executes on this device, for the report
+  note = ""  # set by a workload that had to deviate from the plan; run() moves it into the result
+  mem_note = ""  # "" exact peak, ">=" a lower bound (sampled between calls)
 
   def sync(self) -> None:
     pass
 
+  def mem_start(self) -> None:
+    """Start tracking the peak of device memory for one benchmark."""
+
+  def mem_sample(self) -> None:
+    """Called after every call of a runner, for frameworks that can only sample the memory in use."""
+
   def peak_mem_mb(self) -> Optional[float]:
+    """Peak device memory since mem_start, in MB, or None when the framework does not track it."""
     return None
 
 
@@ -100,6 +123,16 @@ class NumpyFW(Framework):
       return e / e.sum(axis=-1, keepdims=True)
     return run
 
+  def overhead(self, n_ops: int) -> Runner:
+    x = np.random.rand(16).astype(np.float32)
+
+    def run() -> Any:
+      y = x
+      for _ in range(n_ops):
+        y = y * np.float32(1.0001) + np.float32(0.0001)
+      return float(y.sum())
+    return run
+
 
 class TorchFW(Framework):
   name = "torch"
@@ -108,6 +141,7 @@ class TorchFW(Framework):
     import torch
     self.torch = torch
     torch.manual_seed(0)
+    self.backend = f"eager, {torch.get_num_threads()} threads"
 
   def matmul(self, n: int) -> Runner:
     a, b = self.torch.rand(n, n), self.torch.rand(n, n)
@@ -139,6 +173,18 @@ class TorchFW(Framework):
       return y.sum().item()
     return run
 
+  def mnist_step(self, batch: int) -> Runner:
+    from models.mnist_cnn import torch_step
+    return torch_step(batch)
+
+  def gpt2(self, cfg: Any, weights: Any, prompt_len: int, phase: str) -> Runner:
+    from models.gpt2 import torch_runners
+    prefill, decode, _ = torch_runners(weights, cfg, prompt_len)
+    if phase == "decode":
+      prefill()  # fill the cache with the prompt first
+      return decode
+    return prefill
+
 
 class TinyLikeFW(Framework):
   """tiny and tinygrad share the Tensor API, so one adapter serves both."""
@@ -150,13 +196,31 @@ class TinyLikeFW(Framework):
     self.Device = importlib.import_module(f"{module}.device").Device
     self.GlobalCounters = importlib.import_module(f"{module}.helpers").GlobalCounters
     self.Tensor.manual_seed(0)
+    dev = self.Device[device]
+    parts = [type(getattr(dev, a)).__name__ for a in ("renderer", "compiler") if getattr(dev, a, None) is not None]
+    self.backend = "/".join(parts)
+    if module == "tiny" and device in ("CLANG", "LLVM"):
+      from tiny_clang.pool import num_threads  # type: ignore[import-not-found]
+      self.backend += f", {num_threads()} threads"
+    self.tracks_peak = hasattr(self.GlobalCounters, "mem_peak")
+    self.mem_note = "" if self.tracks_peak else ">="
+    self._base, self._peak = 0, 0
 
   def sync(self) -> None:
     self.Device[self.device].synchronize()
 
+  def mem_start(self) -> None:
+    gc.collect()
+    self._base = self._peak = self.GlobalCounters.mem_used
+    if self.tracks_peak:
+      self.GlobalCounters.mem_peak = self.GlobalCounters.mem_used
+
+  def mem_sample(self) -> None:
+    self._peak = max(self._peak, self.GlobalCounters.mem_used)
+
   def peak_mem_mb(self) -> Optional[float]:
-    peak = getattr(self.GlobalCounters, "mem_peak", None) or getattr(self.GlobalCounters, "mem_used", None)
-    return None if peak is None else peak / 1e6
+    peak = self.GlobalCounters.mem_peak if self.tracks_peak else self._peak
+    return (peak - self._base) / 1e6
 
   def _rand(self, *shape: int) -> Any:
     return self.Tensor.rand(*shape, device=self.device).realize()
@@ -203,6 +267,28 @@ class TinyLikeFW(Framework):
       return y.realize()
     return lambda: step(x)
 
+  def mnist_step(self, batch: int) -> Runner:
+    from models.mnist_cnn import tensor_step
+    return tensor_step(self.name, batch)
+
+  def gpt2(self, cfg: Any, weights: Any, prompt_len: int, phase: str) -> Runner:
+    from models.gpt2 import tensor_runners
+    if phase != "decode":
+      return tensor_runners(self.name, weights, cfg, prompt_len)[0]
+    # symbolic shapes first (keys shrunk to the filled length); if this build cannot run them, attend over the whole
+    # cache with a mask, and say so in the table
+    try:
+      prefill, decode, _ = tensor_runners(self.name, weights, cfg, prompt_len, attention="symbolic")
+      prefill()  # fill the cache with the prompt first
+      decode()
+      return decode
+    except Exception as e:
+      self.note = f"masked attention (symbolic failed: {type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''})"
+      print(f"{self.name}: {self.note}", file=sys.stderr)
+    prefill, decode, _ = tensor_runners(self.name, weights, cfg, prompt_len, attention="masked")
+    prefill()
+    return decode
+
   def compile_latency(self) -> Runner:
     # a fresh constant makes every call a new kernel, so nothing comes from the method cache
     counter = [0]
@@ -216,25 +302,63 @@ class TinyLikeFW(Framework):
 
 # ---------------------------------------------------------------- the suite
 
-def suite(quick: bool) -> List[Tuple[str, str, Callable[[Any], Runner], float]]:
-  """(name, unit, builder(framework) -> runner, work per call in unit-numerator)."""
+@dataclass
+class Bench:
+  """One benchmark: how to build its runner on a framework, and how to turn a call's time into the reported figure."""
+
+  name: str
+  unit: str
+  build: Callable[[Any], Runner]
+  work: float  # per call, in the unit's numerator (GFLOP, GB, tokens, steps, ops)
+  min_warmup: int = 1  # jitted workloads need 2 (run, capture) before the replays that are timed
+  config: str = ""
+
+
+def suite(args: argparse.Namespace) -> List[Bench]:
+  """The benchmarks, sized by --quick / --gpt2 / --mnist-batch."""
+  from models.gpt2 import flops_per_token, get_config
+  quick = args.quick
   mm = [1024] if quick else [1024, 2048]
   n_elem = (1 << 22) if quick else (1 << 24)
   sm = 1024 if quick else 4096
   conv = (8, 64, 64, 56, 3) if quick else (32, 64, 64, 56, 3)
-  items: List[Tuple[str, str, Callable[[Any], Runner], float]] = []
+  items: List[Bench] = []
   for n in mm:
-    items.append((f"matmul {n}x{n}", "GFLOP/s", lambda fw, n=n: fw.matmul(n), 2 * n ** 3 / 1e9))
-  items.append((f"(a*b+c).relu() {n_elem >> 20}M f32", "GB/s", lambda fw: fw.elementwise(n_elem), 4 * 4 * n_elem / 1e9))
-  items.append((f"sum {n_elem >> 20}M f32", "GB/s", lambda fw: fw.reduce_sum(n_elem), 4 * n_elem / 1e9))
-  items.append((f"softmax {sm}x{sm}", "GB/s", lambda fw: fw.softmax(sm), 2 * 4 * sm * sm / 1e9))
+    items.append(Bench(f"matmul {n}x{n}", "GFLOP/s", lambda fw, n=n: fw.matmul(n), 2 * n ** 3 / 1e9))
+  items.append(Bench(f"(a*b+c).relu() {n_elem >> 20}M f32", "GB/s", lambda fw: fw.elementwise(n_elem), 4 * 4 * n_elem / 1e9))
+  items.append(Bench(f"sum {n_elem >> 20}M f32", "GB/s", lambda fw: fw.reduce_sum(n_elem), 4 * n_elem / 1e9))
+  items.append(Bench(f"softmax {sm}x{sm}", "GB/s", lambda fw: fw.softmax(sm), 2 * 4 * sm * sm / 1e9))
   bs, cin, cout, hw, k = conv
   flops = 2 * bs * cout * hw * hw * cin * k * k / 1e9
-  items.append((f"conv2d b{bs} {cin}->{cout} {hw}x{hw} {k}x{k}", "GFLOP/s", lambda fw: fw.conv2d(bs, cin, cout, hw, k), flops))
-  items.append(("100 small ops, eager", "us/op", lambda fw: fw.overhead(100), 100))
-  items.append(("100 small ops, jitted", "us/op", lambda fw: fw.overhead_jit(100), 100))
-  items.append(("first-call compile", "ms/kernel", lambda fw: fw.compile_latency(), 1))
+  items.append(Bench(f"conv2d b{bs} {cin}->{cout} {hw}x{hw} {k}x{k}", "GFLOP/s", lambda fw: fw.conv2d(bs, cin, cout, hw, k), flops))
+  mb = args.mnist_batch or (16 if quick else 64)
+  items.append(Bench(f"MNIST CNN train step b{mb}", "steps/s", lambda fw: fw.mnist_step(mb), 1, min_warmup=2,
+                     config=f"batch {mb}, Adam, 2x conv5x5(32)+BN+pool, 2x conv3x3(64)+BN+pool, linear"))
+  cfg = get_config(args.gpt2 or ("micro" if quick else "small"))
+  plen = args.gpt2_prompt or (16 if quick else 128)
+  if plen + 2 > cfg.max_context:
+    cfg = type(cfg)(**{**cfg.__dict__, "max_context": plen + 64})
+  weights_cache: Dict[str, Any] = {}
+
+  def weights() -> Any:
+    from models.gpt2 import random_weights
+    if "w" not in weights_cache:
+      weights_cache["w"] = random_weights(cfg)
+    return weights_cache["w"]
+  items.append(Bench(f"{cfg.name} prefill {plen} tok", "tok/s", lambda fw: fw.gpt2(cfg, weights(), plen, "prefill"), plen, min_warmup=2,
+                     config=cfg.describe() + f"; prompt {plen}; {flops_per_token(cfg, plen) * plen / 1e9:.1f} GFLOP per call"))
+  items.append(Bench(f"{cfg.name} decode 1 tok (KV cache)", "tok/s", lambda fw: fw.gpt2(cfg, weights(), plen, "decode"), 1, min_warmup=2,
+                     config=cfg.describe() + f"; context {plen}..{cfg.max_context - 1}, position a bound Variable"))
+  items.append(Bench("100 small ops, eager", "us/op", lambda fw: fw.overhead(100), 100))
+  items.append(Bench("100 small ops, jitted", "us/op", lambda fw: fw.overhead_jit(100), 100, min_warmup=2))
+  items.append(Bench("first-call compile", "ms/kernel", lambda fw: fw.compile_latency(), 1))
   return items
+
+
+def tiny_devices() -> List[str]:
+  """tiny's usable compiled devices (PYTHON, the interpreter, is left out: it is a reference, not a fast path)."""
+  from tiny.device import Device
+  return [d for d in Device.get_available_devices() if d != "PYTHON"]
 
 
 def frameworks(devices: List[str], peers: bool) -> List[Framework]:
@@ -250,6 +374,7 @@ def frameworks(devices: List[str], peers: bool) -> List[Framework]:
       print("torch not installed: skipping the torch column", file=sys.stderr)
     try:
       import tinygrad  # noqa: F401
+      # tinygrad picks its own default; on a machine without a GPU that is its CPU device (clang-compiled kernels)
       tg_dev = importlib.import_module("tinygrad.device").Device.DEFAULT
       fws.append(TinyLikeFW("tinygrad", tg_dev))
     except Exception as e:  # tinygrad is optional; any import problem just drops the column
@@ -257,101 +382,179 @@ def frameworks(devices: List[str], peers: bool) -> List[Framework]:
   return fws
 
 
+def figure(b: Bench, median_s: float) -> float:
+  """The reported value for one call's median time."""
+  if b.unit == "us/op":
+    return median_s / b.work * 1e6
+  if b.unit == "ms/kernel":
+    return median_s * 1e3
+  return b.work / median_s
+
+
 def run(args: argparse.Namespace) -> List[Result]:
   """Run every benchmark on every framework that implements it."""
   results: List[Result] = []
-  for name, unit, build, work in suite(args.quick):
-    if args.only and not any(o in name for o in args.only):
+  fws = frameworks(args.devices, not args.no_peers)
+  only_fw = set(args.frameworks) if args.frameworks else None
+  for b in suite(args):
+    if args.only and not any(o in b.name for o in args.only):
       continue
-    for fw in frameworks(args.devices, not args.no_peers):
+    for fw in fws:
+      if only_fw and fw.name not in only_fw:
+        continue
+      gc.collect()
+      fw.note = ""
+      fw.mem_start()
       try:
-        runner = build(fw)
-      except AttributeError:
-        continue  # this framework has no such workload (numpy has no conv2d)
+        runner = build_runner(b, fw)
+        if runner is None:
+          continue  # this framework has no such workload (numpy has no conv2d)
+        med, first = time_it(runner, fw.sync, max(args.warmup, b.min_warmup), args.repeat, args.budget, fw.mem_sample)
       except Exception as e:  # a failing framework must not stop the others
-        results.append(Result(name, fw.name, fw.device, float("nan"), unit, float("nan"), note=f"{type(e).__name__}: {e}"))
+        msg = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:160]
+        results.append(Result(b.name, fw.name, fw.device, float("nan"), b.unit, float("nan"), note=msg, load=os.getloadavg()[0]))
+        print(f"{b.name:40s} {fw.name:9s} {fw.device:8s} FAILED {msg}", file=sys.stderr)
         continue
-      try:
-        med = time_it(runner, fw.sync, args.warmup, args.repeat, args.budget)
-      except Exception as e:
-        results.append(Result(name, fw.name, fw.device, float("nan"), unit, float("nan"), note=f"{type(e).__name__}: {e}"))
-        continue
-      if unit in ("us/op",):
-        value = med / work * 1e6
-      elif unit == "ms/kernel":
-        value = med * 1e3
-      else:
-        value = work / med
-      results.append(Result(name, fw.name, fw.device, med, unit, value, fw.peak_mem_mb()))
-      print(f"{name:40s} {fw.name:9s} {fw.device:8s} {value:10.2f} {unit}", file=sys.stderr)
+      finally:
+        runner = None
+      value = figure(b, med)
+      peak = fw.peak_mem_mb()
+      results.append(Result(b.name, fw.name, fw.device, med, b.unit, value, peak, note=fw.mem_note if peak is not None else "",
+                            extra={"config": b.config, "backend": fw.backend, "deviation": fw.note}, first_call_s=first,
+                            load=os.getloadavg()[0]))
+      fw.note = ""
+      mem = f"{fw.mem_note}{peak:.1f} MB" if peak is not None else "-"
+      print(f"{b.name:40s} {fw.name:9s} {fw.device:8s} {value:10.2f} {b.unit:9s} first {first:7.2f}s  peak {mem}  "
+            f"load {os.getloadavg()[0]:.1f}", file=sys.stderr)
   return results
+
+
+def build_runner(b: Bench, fw: Framework) -> Optional[Runner]:
+  """The runner of `b` on `fw`, or None when the framework has no such workload."""
+  try:
+    return b.build(fw)
+  except AttributeError as e:
+    if e.obj is fw:  # the adapter lacks the method: not a failure
+      return None
+    raise
 
 
 def lower_is_better(unit: str) -> bool:
   return unit in ("us/op", "ms/kernel")
 
 
+def fmt(v: float) -> str:
+  return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.2f}" if abs(v) >= 1 else f"{v:.3g}"
+
+
 def to_markdown(results: List[Result]) -> str:
-  """One row per benchmark and tiny device; a column per peer with the tiny/peer ratio."""
-  peers = sorted({r.framework for r in results if r.framework != "tiny"})
-  lines = ["| benchmark | device | tiny | " + " | ".join(f"{p} | tiny/{p}" for p in peers) + " |",
-           "|---|---|---|" + "---|---|" * len(peers)]
+  """One row per benchmark and tiny device; a column per peer with the tiny/peer ratio (above 1: tiny is faster)."""
+  peers = [p for p in ("numpy", "torch", "tinygrad") if any(r.framework == p for r in results)]
+  head = "| benchmark | unit | device | tiny | tiny peak MB | " + " | ".join(f"{p} | tiny/{p}" for p in peers) + " | peer peak MB |"
+  lines = [head, "|---|---|---|---|---|" + "---|---|" * len(peers) + "---|"]
   for r in results:
     if r.framework != "tiny":
       continue
-    cells = [r.bench, r.device, f"{r.value:.2f} {r.unit}" if r.value == r.value else f"failed: {r.note}"]
+    tiny_cell = (f"{fmt(r.value)}" + (" (note)" if r.extra.get("deviation") else "")) if r.value == r.value else f"failed: {r.note}"
+    cells = [r.bench, r.unit, r.device, tiny_cell, "–" if r.peak_mem_mb is None else f"{r.peak_mem_mb:,.1f}"]
+    peer_mem = []
     for p in peers:
       peer = next((x for x in results if x.bench == r.bench and x.framework == p), None)
-      if peer is None or peer.value != peer.value:
+      if peer is None:
         cells += ["–", "–"]
         continue
+      if peer.value != peer.value:
+        cells += [f"failed: {peer.note}", "–"]
+        continue
+      if peer.peak_mem_mb is not None:
+        peer_mem.append(f"{p} {peer.note}{peer.peak_mem_mb:,.1f}")
+      if r.value != r.value:
+        cells += [fmt(peer.value), "–"]
+        continue
       ratio = (peer.value / r.value) if lower_is_better(r.unit) else (r.value / peer.value)
-      cells += [f"{peer.value:.2f}", f"{ratio:.2f}x"]
+      cells += [fmt(peer.value), f"{ratio:.2f}x"]
+    cells.append(", ".join(peer_mem) or "–")
     lines.append("| " + " | ".join(cells) + " |")
   return "\n".join(lines)
 
 
+def configs_md(results: List[Result]) -> str:
+  """The configuration of the model benchmarks, and each framework's backend."""
+  seen: Dict[str, str] = {}
+  for r in results:
+    if r.extra.get("config") and r.bench not in seen:
+      seen[r.bench] = r.extra["config"]
+  lines = [f"- **{k}**: {v}" for k, v in seen.items()]
+  backends = {}
+  for r in results:
+    if r.extra.get("backend") is not None:
+      backends[f"{r.framework} {r.device}"] = r.extra["backend"]
+  lines += [f"- backend {k}: {v or 'n/a'}" for k, v in backends.items()]
+  lines += [f"- note, {r.framework} {r.device} on {r.bench}: {r.extra['deviation']}" for r in results if r.extra.get("deviation")]
+  return "\n".join(lines)
+
+
+def versions() -> str:
+  out = []
+  for dist in ("tiny-core", "tiny-clang", "numpy", "torch", "tinygrad", "llvmlite"):
+    try:
+      out.append(f"{dist} {importlib.metadata.version(dist)}")
+    except importlib.metadata.PackageNotFoundError:
+      pass
+  return ", ".join(out)
+
+
 def machine_line() -> str:
   """Date, machine and versions, for the header of RESULTS.md."""
-  versions = []
-  for mod in ("tiny", "numpy", "torch", "tinygrad"):
-    try:
-      m = importlib.import_module(mod)
-      versions.append(f"{mod} {getattr(m, '__version__', '?')}")
-    except ImportError:
-      pass
-  return (f"{datetime.date.today().isoformat()} · {platform.machine()} · {os.cpu_count()} cores · "
-          f"Python {platform.python_version()} · " + ", ".join(versions))
+  cpu = platform.processor() or platform.machine()
+  try:
+    with open("/proc/cpuinfo") as f:
+      cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+  except OSError:
+    pass
+  return (f"{datetime.datetime.now().isoformat(timespec='minutes')} · {cpu} · {os.cpu_count()} cores · "
+          f"Python {platform.python_version()} · {versions()}")
 
 
 def main() -> None:
   """Parse arguments, run the suite and write the reports."""
   ap = argparse.ArgumentParser(description=__doc__)
-  ap.add_argument("--devices", nargs="*", default=None, help="tiny devices to run (default: Device.DEFAULT)")
+  ap.add_argument("--devices", nargs="*", default=None, help="tiny devices to run (default: every available compiled device)")
   ap.add_argument("--only", nargs="*", default=None, help="run benchmarks whose name contains any of these")
+  ap.add_argument("--frameworks", nargs="*", default=None, help="run only these frameworks (tiny numpy torch tinygrad)")
   ap.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
   ap.add_argument("--no-peers", action="store_true", help="skip numpy/torch/tinygrad")
+  ap.add_argument("--gpt2", default=None, help="GPT-2 size: small (default), mini, micro (--quick) or 'layers,embd,heads[,vocab]'")
+  ap.add_argument("--gpt2-prompt", type=int, default=None, help="prefill length (default 128; 16 with --quick)")
+  ap.add_argument("--mnist-batch", type=int, default=None, help="MNIST CNN batch size (default 64; 16 with --quick)")
   ap.add_argument("--warmup", type=int, default=2)
   ap.add_argument("--repeat", type=int, default=10)
   ap.add_argument("--budget", type=float, default=5.0, help="seconds of timed runs per benchmark")
   ap.add_argument("--json", default=None, help="append JSON lines here")
   ap.add_argument("--write", action="store_true", help="write bench/RESULTS.md")
   args = ap.parse_args()
+  sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/models
   if args.devices is None:
-    from tiny.device import Device
-    args.devices = [Device.DEFAULT]
+    args.devices = tiny_devices()
+  load_before = os.getloadavg()
+  t0 = time.perf_counter()
   results = run(args)
+  elapsed = time.perf_counter() - t0
   table = to_markdown(results)
+  load = f"load average {load_before[0]:.1f} at start, {os.getloadavg()[0]:.1f} at end ({elapsed / 60:.1f} min)"
   print(machine_line())
+  print(load)
   print(table)
+  print(configs_md(results))
   if args.json:
     with open(args.json, "a") as f:
       for r in results:
-        f.write(json.dumps(r.__dict__) + "\n")
+        f.write(json.dumps({**r.__dict__, "machine": machine_line()}) + "\n")
   if args.write:
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md")
     with open(path, "w") as f:
-      f.write(f"# Benchmark results\n\n{machine_line()}\n\nCommand: `python bench/run.py {' '.join(sys.argv[1:])}`\n\n{table}\n")
+      f.write(f"# Benchmark results\n\n{machine_line()}\n\n{load}\n\nCommand: `python bench/run.py {' '.join(sys.argv[1:])}`\n\n"
+              f"{table}\n\n{configs_md(results)}\n")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,8 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 class Backend:
   """Renders a linearized UOp list for one device, compiles it and runs it on numpy arrays (copied to device buffers)."""
 
+  count = 0
+
   def __init__(self, name: str):
     from tiny_clang.runtime import ClangAllocator
     self.name = name
@@ -35,6 +37,8 @@ class Backend:
     self.allocator = ClangAllocator()
 
   def build(self, uops: List[Any], name: str = "test_kernel") -> Any:
+    Backend.count += 1
+    name = f"{name}_{Backend.count}"
     src = self.renderer.render(name, uops)
     return self.program(name, self.compiler.compile(src)), src
 

@@ -12,7 +12,7 @@ from tiny.dtype import (DTYPES_DICT, INVERSE_DTYPES_DICT, DType, ImageDType, Ptr
                         to_np_dtype)
 from tiny.testing.strategies import scalar_dtypes
 
-NUMPY_DTYPES = [d for d in set(DTYPES_DICT.values()) if d.fmt is not None]
+NUMPY_DTYPES = sorted((d for d in set(DTYPES_DICT.values()) if d.fmt is not None), key=lambda d: d.priority)  # stable order for xdist
 
 
 def test_aliases_are_the_same_objects():

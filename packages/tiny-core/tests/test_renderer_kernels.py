@@ -12,7 +12,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import pytest
@@ -33,6 +33,7 @@ class GccTestRenderer(CStyleLanguage):
   barrier = "#pragma omp barrier"
   smem_align = "__attribute__((aligned(16))) "
   smem_prefix = "static "  # static locals in a parallel region are shared by its threads
+  smem_prefix_for_cast = False  # `static` is a storage class, not part of a pointer type
   float4 = "(float4)"
   code_for_workitem = {
     "g": lambda d: f"_g{'xyz'[d]}",
@@ -463,3 +464,83 @@ def test_symbolic_variable(backend):
   # the variables are passed sorted by name: a first, then b
   backend(linearize(d0, d1, vb, va, store(d0, i, val)), [out, a], global_size=(n, 1, 1), vals=(3, 5))
   np.testing.assert_array_equal(out, a * 5 + 3)
+
+
+# *** kernels from the kernel compiler (Kernel -> linearized uops), rendered for gcc ***
+
+def _codegen_cases() -> Dict[str, Tuple[Any, List[np.ndarray], np.ndarray]]:
+  from tiny.ops import BufferOps, LazyOp, MemBuffer, MetaOps, ReduceOps
+  from tiny.shape.shapetracker import ShapeTracker as ST
+  f32 = dtypes.float32
+  r = np.random.default_rng(7)
+
+  def ld(i: int, st: Any) -> Any:
+    return LazyOp(BufferOps.LOAD, (), MemBuffer(i, f32, st))
+
+  def kern(val: Any, shape: Tuple[int, ...]) -> Any:
+    return LazyOp(MetaOps.KERNEL, (LazyOp(BufferOps.STORE, (val,), MemBuffer(0, f32, ST.from_shape(shape))),))
+  a, b = r.random((8, 12), dtype=np.float32), r.random((12, 4), dtype=np.float32)
+  sa = ST.from_shape((8, 12)).reshape((8, 1, 12)).expand((8, 4, 12))
+  sb = ST.from_shape((12, 4)).permute((1, 0)).reshape((1, 4, 12)).expand((8, 4, 12))
+  mm = LazyOp(ReduceOps.SUM, (LazyOp(BinaryOps.MUL, (ld(1, sa), ld(2, sb))),), (2,))
+  x = r.random((6, 8), dtype=np.float32) - 0.5
+  sp = ST.from_shape((6, 8)).pad(((1, 2), (0, 3)))
+  padded = LazyOp(UnaryOps.EXP2, (ld(1, sp),))
+  e = r.random((16, 8), dtype=np.float32)
+  s = ST.from_shape((16, 8))
+  return {
+    "matmul": (kern(mm, (8, 4, 1)), [a, b], (a @ b)[:, :, None]),
+    "pad_max": (kern(LazyOp(ReduceOps.MAX, (padded,), (1,)), (9, 1)), [x], np.exp2(np.pad(x, ((1, 2), (0, 3)))).max(1, keepdims=True)),
+    "elementwise": (kern(LazyOp(TernaryOps.WHERE, (LazyOp(BinaryOps.CMPLT, (ld(1, s), ld(2, s))), ld(1, s), ld(2, s))), (16, 8)),
+                    [e, e[::-1].copy()], np.where(e < e[::-1], e, e[::-1])),
+  }
+
+
+def _opt_lists() -> List[Any]:
+  from tiny.codegen.kernel import Opt, OptOps
+  return [[], "hand", [Opt(OptOps.UPCAST, 0, 4)], [Opt(OptOps.UNROLL, 0, 4)], [Opt(OptOps.LOCAL, 0, 2)], [Opt(OptOps.GROUP, 0, 4)],
+          [Opt(OptOps.LOCAL, 0, 4), Opt(OptOps.UPCAST, 0, 2)], [Opt(OptOps.GROUPTOP, 0, 4), Opt(OptOps.UPCAST, 0, 4)],
+          [Opt(OptOps.UPCAST, 0, 3)], [Opt(OptOps.UNROLL, 0, 0)], [Opt(OptOps.LOCAL, 0, 3), Opt(OptOps.UNROLL, 0, 0)]]
+
+
+@pytest.mark.parametrize("case", ["matmul", "pad_max", "elementwise"])
+def test_codegen_kernels_through_gcc(case):
+  kernel_mod = pytest.importorskip("tiny.codegen.kernel", reason="the kernel compiler (codegen helper) is not there")
+  from tiny.helpers import to_function_name
+  if not gcc_available():
+    pytest.skip("gcc is not installed")
+  ast, ins, ref = _codegen_cases()[case]
+  ran = 0
+  for opts in _opt_lists():
+    k = kernel_mod.Kernel(ast, opts=GccTestRenderer())
+    try:
+      if opts == "hand":
+        k.hand_coded_optimizations()
+      else:
+        for o in opts:
+          k.apply_opt(o)
+    except kernel_mod.KernelOptError:
+      continue
+    p = k.to_program()
+    out = np.zeros(ref.shape, np.float32)
+    gs, ls = p.launch_dims({})
+    GccKernel(p.src, to_function_name(p.name))([out, *ins], gs, ls or [1, 1, 1])
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6, err_msg=f"{case} with {opts}\n{p.src}")
+    ran += 1
+  assert ran >= 3  # the unoptimized kernel, the heuristic and at least one explicit opt
+
+
+def test_loop_bound_depends_on_thread(backend):
+  # out[i] = sum_{j < i} a[j]: every thread runs its own trip count (workgroups that run together must not share one)
+  n = 9
+  a = np.arange(1, n + 1, dtype=np.int32) * 3
+  out = np.full(n, -1, np.int32)
+  d0, d1 = glob(0, dtypes.int32, True), glob(1, dtypes.int32)
+  i = special(0, "gidx0", n)
+  rng = UOp(UOps.RANGE, dtypes.int32, (const(0), i), (1, True))
+  acc = UOp(UOps.DEFINE_ACC, dtypes.int32, (const(0), rng), (0,))
+  phi = UOp(UOps.PHI, dtypes.int32, (acc, alu(BinaryOps.ADD, dtypes.int32, acc, load(d1, rng))))
+  uops = linearize(d0, d1, i, acc, rng, phi)
+  uops = linearize(UOp(UOps.ENDRANGE, None, (rng,)), store(d0, i, phi), after=uops)
+  backend(uops, [out, a], global_size=(n, 1, 1))
+  np.testing.assert_array_equal(out, np.concatenate([[0], np.cumsum(a)[:-1]]))

@@ -123,6 +123,17 @@ def test_symbolic_reshape_of_non_contiguous_int_view():
     st.reshape((ib * 4,))
 
 
+def test_symbolic_two_views():
+  i = Variable("i", 1, 10)
+  st = ShapeTracker.from_shape((i, 4)).permute((1, 0)).reshape((i * 4,))
+  assert len(st.views) == 2
+  idx, valid = st.expr_idxs()
+  for iv in (1, 3, 7):
+    vals = {"idx0": np.arange(iv * 4), "i": np.int64(iv)}
+    assert np.array_equal(eval_node_numpy(idx, vals), np.arange(iv * 4).reshape(iv, 4).T.reshape(-1)), iv
+  assert valid == 1
+
+
 def test_symbolic_pad_and_shrink():
   i = Variable("i", 1, 10)
   st = ShapeTracker.from_shape((i, 4)).pad(((1, 1), (0, 0)))

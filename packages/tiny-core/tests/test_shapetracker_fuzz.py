@@ -1,10 +1,13 @@
 """Property tests: ShapeTracker index/valid expressions against numpy applying the same movement chain."""
 import numpy as np
 from hypothesis import given
+from hypothesis import strategies as st
 
 from tiny.helpers import prod
 from tiny.shape.shapetracker import ShapeTracker
-from tiny.testing.strategies import apply_to_numpy, apply_to_shapetracker, movement_chains, numpy_is_one_view, shapetracker_indices
+from tiny.shape.symbolic import Variable, sym_infer
+from tiny.testing.strategies import (apply_to_numpy, apply_to_shapetracker, eval_node_numpy, movement_chains, numpy_is_one_view, shapes,
+                                     shapetracker_indices)
 
 
 def _reference(start, ops):
@@ -66,3 +69,38 @@ def test_real_strides_step_the_index(chain):
     # a real stride is only reported for an unmasked axis: every step along it moves the index by the stride
     both = (a != -1) & (b != -1)
     assert np.array_equal(both, (a != -1)) and np.array_equal((b - a)[both], np.full(both.sum(), stride))
+
+
+@st.composite
+def symbolic_chains(draw):
+  """A start shape whose first dim becomes symbolic, and a chain of ops that only need the shape's rank."""
+  start = draw(shapes(min_dims=1, max_dims=3, max_size=64))
+  ops = []
+  for _ in range(draw(st.integers(1, 5))):
+    kind = draw(st.sampled_from(["permute", "pad", "flip"]))
+    nd = len(start)
+    if kind == "permute":
+      ops.append(("permute", tuple(draw(st.permutations(range(nd))))))
+    elif kind == "pad":
+      ops.append(("pad", tuple((draw(st.integers(0, 2)), draw(st.integers(0, 2))) for _ in range(nd))))
+    else:
+      ops.append(("flip", tuple(i for i in range(nd) if draw(st.booleans()))))
+  return start, ops
+
+
+@given(symbolic_chains(), st.integers(1, 6))
+def test_symbolic_shape_chains_match_numpy_at_any_value(chain, value):
+  start, ops = chain
+  n = Variable("n", 1, 6)
+  st_sym = apply_to_shapetracker(ShapeTracker.from_shape((n,) + start[1:]), ops)
+  concrete = (value,) + start[1:]
+  ref = apply_to_numpy(np.arange(prod(concrete), dtype=np.int64).reshape(concrete), ops)
+  shape = tuple(sym_infer(s, {n: value}) for s in st_sym.shape)
+  assert shape == ref.shape
+  idx, valid = st_sym.expr_idxs()
+  grids = np.indices(shape, dtype=np.int64)
+  values = {f"idx{i}": grids[i] for i in range(len(shape))} | {"n": np.int64(value)}
+  iv = np.broadcast_to(eval_node_numpy(idx, values), shape)
+  vv = np.broadcast_to(eval_node_numpy(valid, values), shape) != 0
+  np.testing.assert_array_equal(vv, ref != -1)
+  np.testing.assert_array_equal(np.where(vv, iv, -1), ref)

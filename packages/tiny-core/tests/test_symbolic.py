@@ -189,5 +189,12 @@ def test_symbolic_division_by_symbolic():
   i = Variable("i", 0, 10)
   assert (n * 4) // n == 4 and (i * n + n * 3) // n == i + 3 and (n * 4) % n == 0
   assert n // n == 1 and n % n == 0
+  # a general symbolic divisor stays a DivNode/ModNode with sound bounds
+  q, r = i // n, i % n
+  assert isinstance(q, DivNode) and isinstance(r, ModNode) and (q.min, q.max, r.min, r.max) == (0, 10, 0, 9)
+  for iv in range(11):
+    for nv in range(1, 11):
+      assert sym_infer(q, {i: iv, n: nv}) == iv // nv and sym_infer(r, {i: iv, n: nv}) == iv % nv
+      assert eval(q.render(), {}, {"i": iv, "n": nv}) == iv // nv
   with pytest.raises(RuntimeError):
-    i // n
+    (i - 5) // n

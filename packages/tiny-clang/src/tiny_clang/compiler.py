@@ -96,6 +96,16 @@ def init_llvm() -> Any:
              "initialize_native_asmparser"):
     if hasattr(llvm, fn):
       getattr(llvm, fn)()
+  # conversions LLVM lowers to runtime calls on some CPUs (double -> half, half <-> float without F16C) live in libgcc;
+  # MCJIT resolves symbols from libraries loaded permanently, so make it one of them
+  import ctypes.util
+  for lib in (ctypes.util.find_library("gcc_s"), "libgcc_s.so.1"):
+    if lib:
+      try:
+        llvm.load_library_permanently(lib)
+        break
+      except RuntimeError:
+        pass
   return llvm
 
 

@@ -29,11 +29,11 @@ class CPUGraph(GraphRunner):
       if not isinstance(ji.prg, CompiledRunner) or not isinstance(ji.prg.clprg, CPUProgram):
         raise NotImplementedError(f"CPUGraph runs only CLANG/LLVM kernels, not {type(ji.prg).__name__}")
     super().__init__(jit_cache, input_rawbuffers, var_vals)
-    self.progs: List[CPUProgram] = [ji.prg.clprg for ji in jit_cache]  # type: ignore[union-attr]
+    self.progs: List[CPUProgram] = [ji.prg.clprg for ji in jit_cache]  # type: ignore[attr-defined]
     self.args: List[Any] = []
     self.var_slots: List[Tuple[int, int, Any]] = []
     for j, ji in enumerate(jit_cache):
-      p = ji.prg.p  # type: ignore[union-attr]
+      p = ji.prg.p  # type: ignore[attr-defined]
       arr = (ctypes.c_int64 * max(1, len(ji.bufs) + len(p.vars)))()
       for i, b in enumerate(ji.bufs):
         if b is not None and (j, i) not in self.input_replace:

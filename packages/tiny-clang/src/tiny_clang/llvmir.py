@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import struct
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Set, Tuple
 
 from tiny.codegen.uops import UOp, UOps
 from tiny.dtype import DType, PtrDType, dtypes
@@ -171,8 +171,13 @@ class _Builder:
       zv = f"<{n} x {ltype(f)}> splat ({ltype(f)} {zero})" if n > 1 else zero
       return self.ins(f"fcmp une {lf} {v}, {zv}" if dtypes.is_float(f) else f"icmp ne {lf} {v}, {zv}")
     if dtypes.is_float(f) and dtypes.is_float(t):
+      f32 = dtypes.float32.vec(n) if n > 1 else dtypes.float32
+      if dtypes.bfloat16 in (f, t) and dtypes.float32 not in (f, t):   # bfloat16 <-> anything but float: through float
+        return self.cast(self.cast(v, frm, f32), f32, to)
+      if dtypes.bfloat16 in (f, t):
+        return self.bf16_from_f32(v, n) if t == dtypes.bfloat16 else self.bf16_to_f32(v, n)
       if f in _F16 and t in _F16:   # half <-> bfloat through float
-        return self.cast(self.cast(v, frm, dtypes.float32.vec(n) if n > 1 else dtypes.float32), dtypes.float32.vec(n) if n > 1 else dtypes.float32, to)
+        return self.cast(self.cast(v, frm, f32), f32, to)
       return self.ins(f"{'fpext' if t.itemsize > f.itemsize else 'fptrunc'} {lf} {v} to {lt}")
     if dtypes.is_float(f):
       return self.ins(f"{'fptoui' if _is_unsigned(t) else 'fptosi'} {lf} {v} to {lt}")
@@ -183,6 +188,33 @@ class _Builder:
     if t.itemsize > f.itemsize or f == dtypes.bool:
       return self.ins(f"{'zext' if _is_unsigned(f) else 'sext'} {lf} {v} to {lt}")
     return self.ins(f"trunc {lf} {v} to {lt}")
+
+  def _ivec(self, bits: int, n: int) -> str:
+    return f"<{n} x i{bits}>" if n > 1 else f"i{bits}"
+
+  def _icon(self, x: int, n: int) -> str:
+    return f"<{n} x i32> splat (i32 {x})" if n > 1 else str(x)
+
+  def bf16_to_f32(self, v: str, n: int) -> str:
+    """bfloat16 -> float with integer ops (exact: the 16 bits become the top half of the float)."""
+    b = self.ins(f"bitcast {self._ivec(16, n).replace('i16', 'bfloat')} {v} to {self._ivec(16, n)}")
+    w = self.ins(f"zext {self._ivec(16, n)} {b} to {self._ivec(32, n)}")
+    s = self.ins(f"shl {self._ivec(32, n)} {w}, {self._icon(16, n)}")
+    return self.ins(f"bitcast {self._ivec(32, n)} {s} to {self._ivec(32, n).replace('i32', 'float')}")
+
+  def bf16_from_f32(self, v: str, n: int) -> str:
+    """float -> bfloat16, round to nearest even, NaN stays NaN: integer ops, so no runtime library call on any CPU."""
+    i32, ft = self._ivec(32, n), self._ivec(32, n).replace("i32", "float")
+    u = self.ins(f"bitcast {ft} {v} to {i32}")
+    hi = self.ins(f"lshr {i32} {u}, {self._icon(16, n)}")
+    lsb = self.ins(f"and {i32} {hi}, {self._icon(1, n)}")
+    bias = self.ins(f"add {i32} {lsb}, {self._icon(0x7FFF, n)}")
+    rounded = self.ins(f"lshr {i32} {self.ins(f'add {i32} {u}, {bias}')}, {self._icon(16, n)}")
+    nan = self.ins(f"or {i32} {hi}, {self._icon(0x40, n)}")
+    isnan = self.ins(f"fcmp uno {ft} {v}, {v}")
+    sel = self.ins(f"select {self.booltype(dtypes.bool.vec(n) if n > 1 else dtypes.bool)} {isnan}, {i32} {nan}, {i32} {rounded}")
+    t = self.ins(f"trunc {i32} {sel} to {self._ivec(16, n)}")
+    return self.ins(f"bitcast {self._ivec(16, n)} {t} to {self._ivec(16, n).replace('i16', 'bfloat')}")
 
   def _reduction_adds(self) -> Set[UOp]:
     """ALU adds on the path from a PHI's value to its scalar float accumulator: these may be reassociated."""

@@ -1,10 +1,11 @@
 """A native thread pool that runs kernels split across all cores, built once per process with the C compiler.
 
-Every kernel this package renders has an *entry* function `void NAME_entry(const long long *args, int core, int ncores)`:
-`args` holds the buffer addresses followed by the symbolic variable values, and (core, ncores) picks the slice of the
-kernel's outermost parallel loop to run. The pool calls entries from its worker threads, so one ctypes call (which
-releases the GIL) runs a kernel on every core, and `tiny_pool_run` runs a whole list of kernels (a JIT graph) with a
-barrier between dependent kernels and no Python in between.
+Every kernel this package renders has an *entry* function `void NAME_entry(const long long *args, int slice, int nslices)`:
+`args` holds the buffer addresses followed by the symbolic variable values, and (slice, nslices) picks the part of the
+kernel's outermost parallel loop to run. A parallel kernel is cut into SLICES_PER_THREAD slices per thread that the
+threads claim one at a time (an atomic counter), so a thread the OS does not run in time delays nothing but its own slice.
+One ctypes call (which releases the GIL) runs a kernel on every core, and `tiny_pool_run` runs a whole list of kernels
+(a JIT graph), each to completion before the next, without returning to Python.
 
 When no C compiler is present (an LLVM-only install) the pool falls back to Python threads (`PyPool`).
 """
@@ -22,63 +23,63 @@ POOL_SRC = r"""
 #include <pthread.h>
 #include <sched.h>
 #include <stdint.h>
-typedef void (*tiny_entry_t)(const int64_t *args, int core, int ncores);
+typedef void (*tiny_entry_t)(const int64_t *args, int slice, int nslices);
 #define TINY_MAXT 256
-static int nthr = 0;                                  /* worker threads started (the caller is participant 0) */
+#define TINY_SPIN 20000
+static int nthr = 0;                                   /* worker threads started (the caller works too) */
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER, run_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
-static unsigned long job_gen = 0;
-static int job_n, job_T;
-static tiny_entry_t const *job_fns;
-static const int64_t *const *job_args;
-static const int32_t *job_par;
-static int bar_arrived = 0, bar_phase = 0;
-static unsigned long start_gen[TINY_MAXT];              /* job_gen when worker p was made: it waits for the next one */
+static int sleeping = 0;
+/* the current job: slices of one kernel handed out on demand. ctr = (generation << 32) | next slice */
+static uint64_t ctr = 0;
+static uint32_t cur_gen = 0;
+static int done = 0;
+static tiny_entry_t job_fn;
+static const int64_t *job_args;
+static int job_n;
 
 static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
 #endif
 }
-/* spin a little (kernels are short), then yield: the machine may have fewer free cores than threads */
-static void barrier(int T) {
-  int phase = __atomic_load_n(&bar_phase, __ATOMIC_ACQUIRE);
-  if (__atomic_add_fetch(&bar_arrived, 1, __ATOMIC_ACQ_REL) == T) {
-    __atomic_store_n(&bar_arrived, 0, __ATOMIC_RELAXED);
-    __atomic_store_n(&bar_phase, phase + 1, __ATOMIC_RELEASE);
-    return;
-  }
-  for (int spins = 0; __atomic_load_n(&bar_phase, __ATOMIC_ACQUIRE) == phase; spins++) {
-    if (spins < 4000) cpu_relax(); else sched_yield();
-  }
-}
-static void run_part(int p, int T) {
-  for (int k = 0; k < job_n; k++) {
-    int par = job_par[k];
-    if (par) job_fns[k](job_args[k], p, T);
-    else if (p == 0) job_fns[k](job_args[k], 0, 1);
-    /* a barrier is needed where the next kernel may read what this one wrote on another core, and at the end */
-    if (k == job_n - 1 || par || job_par[k + 1]) barrier(T);
+/* claim and run slices of job `gen` until none is left. A thread that comes late (the machine is busy) finds nothing
+   to do instead of holding everyone up: whoever is running takes the next slice. */
+static void work(uint32_t gen) {
+  for (;;) {
+    uint64_t v = __atomic_load_n(&ctr, __ATOMIC_SEQ_CST);
+    if ((uint32_t)(v >> 32) != gen) return;
+    tiny_entry_t fn = __atomic_load_n(&job_fn, __ATOMIC_RELAXED);
+    const int64_t *args = __atomic_load_n(&job_args, __ATOMIC_RELAXED);
+    int n = __atomic_load_n(&job_n, __ATOMIC_RELAXED);
+    if ((int)(uint32_t)v >= n) return;
+    /* a successful claim means job gen is unfinished, so fn/args/n read above still describe it */
+    if (!__atomic_compare_exchange_n(&ctr, &v, v + 1, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) continue;
+    fn(args, (int)(uint32_t)v, n);
+    __atomic_add_fetch(&done, 1, __ATOMIC_SEQ_CST);
   }
 }
 static void *worker(void *arg) {
-  int p = (int)(intptr_t)arg;
-  unsigned long seen = start_gen[p];
+  uint32_t seen = (uint32_t)(uintptr_t)arg;
   for (;;) {
+    uint32_t g;
     int spins = 0;
-    while (__atomic_load_n(&job_gen, __ATOMIC_ACQUIRE) == seen && spins < 20000) { cpu_relax(); spins++; }
-    pthread_mutex_lock(&mu);
-    while (job_gen == seen) pthread_cond_wait(&cv, &mu);
-    seen = job_gen;
-    int T = job_T;
-    pthread_mutex_unlock(&mu);
-    if (p < T) run_part(p, T);
+    while ((g = (uint32_t)(__atomic_load_n(&ctr, __ATOMIC_SEQ_CST) >> 32)) == seen) {
+      if (++spins < TINY_SPIN) { cpu_relax(); continue; }
+      pthread_mutex_lock(&mu);
+      __atomic_add_fetch(&sleeping, 1, __ATOMIC_SEQ_CST);
+      while ((uint32_t)(__atomic_load_n(&ctr, __ATOMIC_SEQ_CST) >> 32) == seen) pthread_cond_wait(&cv, &mu);
+      __atomic_sub_fetch(&sleeping, 1, __ATOMIC_SEQ_CST);
+      pthread_mutex_unlock(&mu);
+    }
+    seen = g;
+    work(g);
   }
   return 0;
 }
 static void after_fork_child(void) {
   /* threads do not survive fork: start over, new workers are made on demand */
-  nthr = 0; bar_arrived = 0; bar_phase = 0;
+  nthr = 0; sleeping = 0;
   pthread_mutex_init(&mu, 0); pthread_mutex_init(&run_mu, 0); pthread_cond_init(&cv, 0);
 }
 static int ensure_workers(int T) {
@@ -90,35 +91,45 @@ static int ensure_workers(int T) {
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    start_gen[nthr + 1] = job_gen;
-    int err = pthread_create(&th, &attr, worker, (void *)(intptr_t)(nthr + 1));
+    int err = pthread_create(&th, &attr, worker, (void *)(uintptr_t)cur_gen);
     pthread_attr_destroy(&attr);
     if (err) break;
     nthr++;
   }
   return nthr + 1 < T ? nthr + 1 : T;
 }
-/* run n kernels in order; kernel k is split across T cores when par[k] != 0. Returns the cores used. */
+static void run_split(tiny_entry_t fn, const int64_t *args, int nslices) {
+  __atomic_store_n(&job_fn, fn, __ATOMIC_RELAXED);
+  __atomic_store_n(&job_args, args, __ATOMIC_RELAXED);
+  __atomic_store_n(&job_n, nslices, __ATOMIC_RELAXED);
+  __atomic_store_n(&done, 0, __ATOMIC_RELAXED);
+  uint32_t gen = ++cur_gen;
+  __atomic_store_n(&ctr, (uint64_t)gen << 32, __ATOMIC_SEQ_CST);
+  if (__atomic_load_n(&sleeping, __ATOMIC_SEQ_CST)) {
+    pthread_mutex_lock(&mu);
+    pthread_cond_broadcast(&cv);
+    pthread_mutex_unlock(&mu);
+  }
+  work(gen);
+  for (int spins = 0; __atomic_load_n(&done, __ATOMIC_SEQ_CST) < nslices; spins++) {
+    if (spins < 4000) cpu_relax(); else sched_yield();
+  }
+}
+/* run n kernels in order, each to completion; kernel k is cut into slices shared by T threads when par[k] != 0.
+   Returns the threads available. */
 int tiny_pool_run(int n, tiny_entry_t const *fns, const int64_t *const *args, const int32_t *par, int T) {
   int anypar = 0;
   for (int k = 0; k < n; k++) anypar |= par[k];
-  if (T <= 1 || !anypar || n == 0) {
+  if (T <= 1 || !anypar) {
     for (int k = 0; k < n; k++) fns[k](args[k], 0, 1);
     return 1;
   }
   pthread_mutex_lock(&run_mu);
   T = ensure_workers(T);
-  if (T <= 1) {
-    for (int k = 0; k < n; k++) fns[k](args[k], 0, 1);
-    pthread_mutex_unlock(&run_mu);
-    return 1;
+  for (int k = 0; k < n; k++) {
+    if (par[k] && T > 1) run_split(fns[k], args[k], T * TINY_SLICES_PER_THREAD);
+    else fns[k](args[k], 0, 1);
   }
-  pthread_mutex_lock(&mu);
-  job_n = n; job_fns = fns; job_args = args; job_par = par; job_T = T;
-  __atomic_add_fetch(&job_gen, 1, __ATOMIC_RELEASE);
-  pthread_cond_broadcast(&cv);
-  pthread_mutex_unlock(&mu);
-  run_part(0, T);
   pthread_mutex_unlock(&run_mu);
   return T;
 }
@@ -126,6 +137,11 @@ int tiny_pool_run1(tiny_entry_t fn, const int64_t *args, int32_t par, int T) {
   return tiny_pool_run(1, &fn, &args, &par, T);
 }
 """
+
+
+# a parallel kernel is cut into this many slices per thread, handed out on demand: a thread the OS does not schedule
+# in time (the machine is busy) holds up at most one slice, and uneven slices even out
+SLICES_PER_THREAD = 4
 
 
 def num_threads() -> int:
@@ -196,7 +212,8 @@ def get_pool() -> Any:
         from tiny_clang.runtime import load_shared
         if find_cc() is None:
           raise RuntimeError("no C compiler")
-        _pool = NativePool(load_shared(ClangCompiler("pool", opt_args=["-O2", "-pthread"]).compile_cached(POOL_SRC)))
+        src = f"#define TINY_SLICES_PER_THREAD {SLICES_PER_THREAD}\n" + POOL_SRC
+        _pool = NativePool(load_shared(ClangCompiler("pool", opt_args=["-O2", "-pthread"]).compile_cached(src)))
       except Exception:
         _pool = PyPool()
     return _pool

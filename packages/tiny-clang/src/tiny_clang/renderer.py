@@ -16,7 +16,7 @@ half/bf16 results on any compiler (clang 14 has no x86 _Float16 arithmetic, gcc 
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple, cast
 
 from tiny.codegen.uops import UOp, UOps
 from tiny.dtype import DType, PtrDType, dtypes
@@ -204,7 +204,7 @@ class ClangRenderer(CStyleLanguage):
     uops = list(uops)
     if any(u.op in (UOps.SPECIAL, UOps.DEFINE_LOCAL, UOps.BARRIER) for u in uops):
       raise RenderError("ClangRenderer has no thread ids or local memory: render kernels for it with has_local=False")
-    self._bitcast_srcs = [u.src[0].dtype for u in uops if u.op is UOps.BITCAST]
+    self._bitcast_srcs = [cast(DType, u.src[0].dtype) for u in uops if u.op is UOps.BITCAST]
     self._uops = uops
     return super().render(name, uops)
 
@@ -219,7 +219,7 @@ class ClangRenderer(CStyleLanguage):
     head += self._prelude(uops)
     casts = []
     for i, ((n, (dt, mut)), p) in enumerate(zip(bufs, is_ptr)):
-      casts.append(f"({'' if mut else 'const '}{self.storage_type(dt.base)}*)args[{i}]" if p else f"(int)args[{i}]")
+      casts.append(f"({'' if mut else 'const '}{self.storage_type(cast(PtrDType, dt).base)}*)args[{i}]" if p else f"(int)args[{i}]")
     return "\n".join(head + [
       f"void {function_name}({', '.join(args)}) {{", *kernel, "}",
       f"void {function_name}_entry(const long long *args, int core, int ncores) {{ {function_name}({', '.join(casts + ['core', 'ncores'])}); }}",
@@ -290,7 +290,7 @@ def _split_outer_loop(kernel: List[str], uops: List[UOp]) -> bool:
 
 
 def _mark_reductions(kernel: List[str], uops: List[UOp]) -> None:
-  """Put `#pragma omp simd reduction(+:...)` on innermost reduce loops whose accumulators are plain scalar sums.
+  """Put `#pragma omp simd reduction(+:acc)` on innermost reduce loops whose one accumulator is a plain scalar sum.
 
   (Not maxes: OpenMP's combining max would not keep NaNs the way tiny's MAX does.)
 
@@ -318,7 +318,9 @@ def _mark_reductions(kernel: List[str], uops: List[UOp]) -> None:
     if not rng.arg[1]:
       continue
     clauses = _reduction_clauses(body.get(rng, []), acc_names)
-    if not clauses:
+    # one accumulator: its add chain is the bottleneck, so lanes help. Several (a register-tiled matmul) already overlap,
+    # and `omp simd` would force vectorizing across k, turning strided loads into gathers.
+    if len(clauses) != 1:
       continue
     for i, line in enumerate(kernel):
       m = _FOR.match(line)

@@ -306,7 +306,7 @@ class Tensor:
         x = Tensor(x, device="NPY", dtype=self.dtype)
       realized = self.contiguous().realize().lazydata.base.realized
       assert realized is not None
-      realized.copyin(memoryview(np.ascontiguousarray(x.numpy())).cast("B"))
+      realized.copyin(memoryview(np.ascontiguousarray(x.numpy()).tobytes()))
       return self
     if not isinstance(x, Tensor):
       x = Tensor(x, device=self.device, dtype=self.dtype)
@@ -345,7 +345,8 @@ class Tensor:
       raise TypeError(f"{self.dtype} has no memoryview format: cast it first")
     if not all_int(self.shape):
       raise RuntimeError(f"data() needs a concrete shape, got {self.shape}")
-    return self._data().cast(self.dtype.fmt) if 0 in self.shape else self._data().cast(self.dtype.fmt, self.shape)
+    fmt: Any = self.dtype.fmt
+    return self._data().cast(fmt) if 0 in self.shape else self._data().cast(fmt, tuple(int(s) for s in self.shape))
 
   def item(self) -> ConstType:
     """The single element as a Python scalar."""
@@ -447,11 +448,14 @@ class Tensor:
       raise TypeError(f"rand makes floats, not {dt}")
     shape = _check_shape(argfix(*shape))
     device = Device.canonicalize(device)
-    if dt == dtypes.bfloat16:
-      return Tensor.rand(*shape, device=device, dtype=dtypes.float32, **kwargs).cast(dtypes.bfloat16)
     if (num := prod(shape)) == 0:
       return Tensor.zeros(shape, device=device, dtype=dt, **kwargs)
     bits = Tensor._threefry_bits(num, device)
+    if dt == dtypes.bfloat16:
+      # 7 random mantissa bits in a float32, which bfloat16 holds exactly
+      out = bits.idiv(1 << 25).mul(1 << 16).bitwise_or(_ONE_BITS[4]).bitcast(dtypes.float32).sub(1).cast(dt).reshape(shape)
+      out.requires_grad = kwargs.get("requires_grad")
+      return out.contiguous()
     # keep the top mantissa bits, set the exponent of 1.0: a float in [1, 2)
     uint_dt = _UINT_OF_SIZE[dt.itemsize]
     bits = bits.cast(uint_dt).idiv(1 << (dt.itemsize * 8 - _FLOAT_MANTISSA[dt.itemsize])) if dt.itemsize < 8 else \
@@ -688,7 +692,9 @@ class Tensor:
 
   def permute(self, order: Any, *args: Any) -> Tensor:
     """Reorder the dimensions."""
-    order_arg = tuple(self._resolve_dim(x) for x in argfix(order, *args))
+    if len(raw := argfix(order, *args)) != self.ndim:
+      raise ShapeError(f"permute order {raw} needs exactly one entry per dim of {self.shape}")
+    order_arg = tuple(self._resolve_dim(x) for x in raw)
     if sorted(order_arg) != list(range(self.ndim)):
       raise ShapeError(f"permute order {order_arg} is not a permutation of the {self.ndim} dims of {self.shape}")
     return F.Permute.apply(self, order=order_arg) if order_arg != tuple(range(self.ndim)) else self
@@ -735,7 +741,8 @@ class Tensor:
     if len(padding) % 2 != 0 or len(padding) // 2 > self.ndim:
       raise ShapeError(f"pad2d needs an even number of paddings for at most {self.ndim} dims, got {padding}")
     pairs = [(padding[2 * i], padding[2 * i + 1]) for i in range(len(padding) // 2)]
-    return self.pad(tuple([None] * (self.ndim - len(pairs)) + pairs[::-1]), value=value)
+    lead: List[Optional[Tuple[sint, sint]]] = [None] * (self.ndim - len(pairs))
+    return self.pad(tuple(lead + list(pairs[::-1])), value=value)
 
   @property
   def T(self) -> Tensor:  # noqa: N802 - the public name follows tinygrad
@@ -1069,8 +1076,8 @@ class Tensor:
   # ***** reduce ops *****
 
   def _reduce(self, fxn: Type[Function], axis: Optional[Union[int, Sequence[int]]] = None, keepdim: bool = False) -> Tensor:
-    axis_: Tuple[int, ...] = tuple(range(self.ndim)) if axis is None else tuple(argfix(axis)) if isinstance(axis, (list, tuple)) else (axis,)
-    axis_ = tuple(dedup(self._resolve_dim(a) for a in axis_))
+    raw: Tuple[Any, ...] = tuple(range(self.ndim)) if axis is None else tuple(argfix(axis)) if isinstance(axis, (list, tuple)) else (axis,)
+    axis_ = tuple(dedup(self._resolve_dim(a) for a in raw))
     if self.ndim == 0:
       return self
     ret = fxn.apply(self, axis=axis_) if axis_ else self
@@ -1366,7 +1373,7 @@ class Tensor:
     """Einstein summation, e.g. Tensor.einsum('ij,jk->ik', a, b); supports '...' and implicit output."""
     xs: Tuple[Tensor, ...] = argfix(*raw_xs)
     formula = formula.replace(" ", "")
-    lhs, rhs = (formula.split("->") + [None])[:2] if "->" in formula else (formula, None)
+    lhs, rhs = (formula.split("->", 1)[0], formula.split("->", 1)[1]) if "->" in formula else (formula, None)
     inputs = lhs.split(",")
     if len(inputs) != len(xs):
       raise ValueError(f"einsum formula has {len(inputs)} operands but {len(xs)} tensors were given")
@@ -1791,7 +1798,7 @@ class Tensor:
         y = Tensor(y, x.device, y_dtype, requires_grad=False) if isinstance(y, Variable) else Tensor(y.unbind()[0] if hasattr(y, "unbind") else y,
                                                                                                       x.device, y_dtype, requires_grad=False)
       else:
-        y = Tensor(_wrap_int(y, y_dtype) if dtypes.is_int(y_dtype) else dtypes.as_const(y, y_dtype), x.device, y_dtype, requires_grad=False)
+        y = Tensor(_wrap_int(int(y), y_dtype) if dtypes.is_int(y_dtype) else dtypes.as_const(y, y_dtype), x.device, y_dtype, requires_grad=False)
     if match_dtype and x.dtype != y.dtype:
       output_dtype = least_upper_dtype(x.dtype, y.dtype)
       x, y = x.cast(output_dtype), y.cast(output_dtype)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import struct
 from collections import defaultdict
-from typing import Any, DefaultDict, Dict, List, Optional, Tuple, Union
+from typing import Any, DefaultDict, Dict, List, Optional, Tuple, Union, cast
 
 from tiny.codegen.transcendental import xexp2, xlog2
 from tiny.codegen.uops import PatternMatcher, UOp, UOps, UPat
@@ -416,7 +416,9 @@ class _PTXWriter:
     loops: Dict[UOp, Tuple[str, str]] = {}
     ifs: Dict[UOp, str] = {}
     for u in uops:
-      op, src, arg, dt = u.op, u.src, u.arg, u.dtype
+      op, src, arg = u.op, u.src, u.arg
+      dt: Any = u.dtype  # None only for the statement uops, which do not read it
+      sdt: Any
       if op in (UOps.SINK, UOps.NOOP) and dt is None:
         continue
       if op is UOps.DEFINE_GLOBAL:
@@ -484,8 +486,8 @@ class _PTXWriter:
         self.r[u] = i
       elif op is UOps.ENDRANGE:
         top, end = loops[src[0]]
-        i = self.r[src[0]]
-        self.emit(f"add.s32 {i}, {i}, 1;")
+        ri = self.r[src[0]]
+        self.emit(f"add.s32 {ri}, {ri}, 1;")
         self.emit(f"bra {top};")
         self.emit(f"{end}:")
       elif op is UOps.IF:
@@ -503,12 +505,12 @@ class _PTXWriter:
       elif op is UOps.ALU:
         if dt.count > 1:
           raise RenderError(f"PTX renders scalar ALU ops only, got {dt}")
-        self.r[u] = self.alu(arg, dt, [self.r[s] for s in src], [s.dtype for s in src])  # type: ignore[misc]
+        self.r[u] = self.alu(arg, dt, [cast(str, self.r[s]) for s in src], [cast(DType, s.dtype) for s in src])
       elif op is UOps.CAST:
         sdt = src[0].dtype
-        if dt.count > 1 or sdt.count > 1:  # type: ignore[union-attr]
+        if dt.count > 1 or sdt.count > 1:
           raise RenderError(f"PTX casts scalars only, got {sdt} -> {dt}")
-        self.r[u] = self.cast(self.r[src[0]], sdt, dt)  # type: ignore[arg-type]
+        self.r[u] = self.cast(cast(str, self.r[src[0]]), sdt, dt)
       elif op is UOps.BITCAST:
         sdt = src[0].dtype
         if sdt is None or sdt.itemsize != dt.itemsize or dt.count > 1:

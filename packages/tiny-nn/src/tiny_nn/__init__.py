@@ -7,7 +7,7 @@ names follow tinygrad.nn (and so torch.nn), so state dicts line up with checkpoi
 from __future__ import annotations
 
 import math
-from typing import Callable, List, Optional, Tuple, Union
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union, cast
 
 from tiny.dtype import dtypes
 from tiny.helpers import make_pair, prod
@@ -17,6 +17,11 @@ __all__ = ["BatchNorm", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "Conv1d", "
            "Dropout", "Embedding", "GroupNorm", "InstanceNorm", "LayerNorm", "LayerNorm2d", "Linear", "RMSNorm", "Sequential", "dropout"]
 
 IntOrTuple = Union[int, Tuple[int, ...]]
+
+
+def _numel(shape: Sequence[Any]) -> int:
+  # layer shapes are concrete ints; symbolic dims never reach parameter shapes
+  return cast(int, prod(shape))
 
 
 def _affine_shape(ndim: int) -> Tuple[int, ...]:
@@ -55,7 +60,7 @@ class BatchNorm:
       raise ValueError(f"BatchNorm expects an input of shape (N, C, ...), got {x.shape}")
     mean, var = self.calc_stats(x)
     if self.track_running_stats and Tensor.training:
-      n = prod(x.shape) // x.shape[1]
+      n = _numel(x.shape) // cast(int, x.shape[1])
       unbiased = var.detach() * (n / max(n - 1, 1))
       self.running_mean.assign((1 - self.momentum) * self.running_mean + self.momentum * mean.detach())
       self.running_var.assign((1 - self.momentum) * self.running_var + self.momentum * unbiased)
@@ -95,7 +100,7 @@ class Conv2d:
       padding = tuple(_same_padding(self.kernel_size, dilation))
     self.stride, self.padding, self.dilation, self.groups = stride, padding, dilation, groups
     self.weight = self.initialize_weight(out_channels, in_channels, groups)
-    bound = 1 / math.sqrt(prod(self.weight.shape[1:]))
+    bound = 1 / math.sqrt(_numel(self.weight.shape[1:]))
     self.bias: Optional[Tensor] = Tensor.uniform(out_channels, low=-bound, high=bound) if bias else None
 
   def initialize_weight(self, out_channels: int, in_channels: int, groups: int) -> Tensor:
@@ -120,7 +125,7 @@ class ConvTranspose2d(Conv2d):
     super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias)
     self.output_padding = output_padding
     # torch sizes the bias bound from weight.shape[1:] of the transposed weight too
-    bound = 1 / math.sqrt(prod(self.weight.shape[1:]))
+    bound = 1 / math.sqrt(_numel(self.weight.shape[1:]))
     if self.bias is not None:
       self.bias = Tensor.uniform(out_channels, low=-bound, high=bound)
 

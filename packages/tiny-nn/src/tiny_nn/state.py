@@ -11,9 +11,10 @@ import json
 import os
 import pickle
 import struct
+import types
 import zipfile
 from collections import OrderedDict
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union, cast
 
 import numpy as np
 
@@ -55,7 +56,7 @@ def get_state_dict(obj: Any, prefix: str = "", tensor_type: type = Tensor) -> Di
 
 def _collect(obj: Any, prefix: str, tensor_type: type, out: Dict[str, Tensor], seen: set) -> None:
   if isinstance(obj, tensor_type):
-    out[prefix.strip(".")] = obj
+    out[prefix.strip(".")] = cast(Tensor, obj)
     return
   if id(obj) in seen:
     return  # cycles (e.g. a layer holding its parent) would recurse forever
@@ -71,7 +72,7 @@ def _collect(obj: Any, prefix: str, tensor_type: type, out: Dict[str, Tensor], s
     seen.add(id(obj))
     for i, v in enumerate(obj):
       _collect(v, f"{prefix}{i}.", tensor_type, out, seen)
-  elif hasattr(obj, "__dict__") and not isinstance(obj, type):
+  elif hasattr(obj, "__dict__") and not isinstance(obj, (type, types.ModuleType)):
     seen.add(id(obj))
     for k, v in vars(obj).items():
       _collect(v, f"{prefix}{k}.", tensor_type, out, seen)
@@ -82,7 +83,7 @@ def get_parameters(obj: Any) -> List[Tensor]:
   return list(get_state_dict(obj).values())
 
 
-def _fits(model_shape: Tuple[int, ...], file_shape: Tuple[int, ...]) -> bool:
+def _fits(model_shape: Tuple[Any, ...], file_shape: Tuple[Any, ...]) -> bool:
   # torch stores counters like BatchNorm's num_batches_tracked as 0-d tensors where tiny_nn keeps shape (1,)
   return model_shape == file_shape or (prod(model_shape) == 1 and prod(file_shape) == 1)
 
@@ -149,7 +150,7 @@ def _read_prefix(fn: Union[Tensor, PathLike], n: int) -> bytes:
 
 
 def _size_of(fn: Union[Tensor, PathLike]) -> int:
-  return int(fn.shape[0]) if isinstance(fn, Tensor) else os.stat(fn).st_size
+  return cast(int, fn.shape[0]) if isinstance(fn, Tensor) else os.stat(fn).st_size
 
 
 def _parse_safe_header(raw: bytes, file_size: int, where: str) -> Tuple[int, Dict[str, Any]]:
@@ -162,7 +163,7 @@ def _parse_safe_header(raw: bytes, file_size: int, where: str) -> Tuple[int, Dic
     raise WeightFileError(f"{where}: truncated safetensors file: header says {json_len} bytes of JSON but only {file_size - 8} follow")
   try:
     header = json.loads(raw[8:8 + json_len].decode("utf-8"))
-  except (UnicodeDecodeError, json.JSONDecodeError) as e:
+  except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
     raise WeightFileError(f"{where}: safetensors header is not valid JSON: {e}") from None
   if not isinstance(header, dict):
     raise WeightFileError(f"{where}: safetensors header must be a JSON object, got {type(header).__name__}")
@@ -428,7 +429,8 @@ def _unpickle(data: Union[bytes, Any], where: str, storages: Dict[str, _Storage]
     return _RestrictedUnpickler(f, where, storages).load()
   except (WeightFileError, UnsafePickleError):
     raise
-  except (pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError, IndexError, AttributeError, struct.error, UnicodeDecodeError) as e:
+  except (pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError, IndexError, AttributeError, struct.error, RecursionError,
+          OverflowError, MemoryError) as e:
     raise WeightFileError(f"{where}: malformed torch pickle: {type(e).__name__}: {e}") from None
 
 

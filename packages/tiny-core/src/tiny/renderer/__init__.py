@@ -201,7 +201,3 @@ class Renderer:
   def render(self, name: str, uops: List[UOp]) -> str:
     """Source code for the kernel `name` from its linearized uops."""
     raise NotImplementedError(f"{type(self).__name__} does not implement render")
-
-  def __reduce__(self) -> Any:
-    # renderers are stateless descriptions; pickling one (for the disk cache or BEAM workers) rebuilds it
-    return (type(self), ())

@@ -80,7 +80,8 @@ WMMA_LAYOUTS: Dict[str, WMMALayout] = {
 _LAYOUT_BY_DIMS = {(8, 16, 16): "CUDA", (16, 16, 16): "AMD", (8, 8, 8): "METAL"}
 
 
-def _wmma_layout(arg: Tuple[Any, ...]) -> WMMALayout:
+def wmma_layout(arg: Tuple[Any, ...]) -> WMMALayout:
+  """The register layout a WMMA uop's arg refers to: by device name, else by its (N, M, K) dims."""
   device, dims = arg[4], tuple(arg[1])
   name = device if device in WMMA_LAYOUTS else _LAYOUT_BY_DIMS.get(dims)
   if name is None:
@@ -88,10 +89,13 @@ def _wmma_layout(arg: Tuple[Any, ...]) -> WMMALayout:
   return WMMA_LAYOUTS[name]
 
 
+_wmma_layout = wmma_layout  # the name the lowerer imports
+
+
 def emulate_wmma(arg: Tuple[Any, ...], a: List[List[Any]], b: List[List[Any]], c: List[List[Any]], lanes: int,
                  per_wg: Optional[int] = None) -> List[List[Any]]:
   """D = A @ B + C for every warp; a, b, c and the result are [register element][lane], per_wg lanes a workgroup."""
-  lay = _wmma_layout(arg)
+  lay = wmma_layout(arg)
   if (len(a), len(b), len(c)) != lay.sizes:
     raise PythonKernelError(f"WMMA {arg[0]} takes {lay.sizes} elements per lane for A, B, C; got {(len(a), len(b), len(c))}")
   if (per_wg or lanes) % lay.warp or lanes % lay.warp:
@@ -128,7 +132,8 @@ _MV_FORMATS = set("?bBhHiIlLqQfd")
 def _struct_fmt(dt: DType) -> str:
   if dt.fmt is None:
     raise PythonKernelError(f"{dt} has no memory format")
-  return dt.fmt
+  # dtype fmts are native memoryview codes; with struct's "<" prefix 'l'/'L' would mean 4 bytes, not 8
+  return {"l": "q", "L": "Q"}.get(dt.fmt, dt.fmt)
 
 
 class _Mem:
@@ -291,9 +296,6 @@ class PythonRenderer(Renderer):
   def render(self, name: str, uops: List[UOp]) -> str:
     """The uops as text (base64 of a pickle of (op, dtype, src indices, arg) rows)."""
     return serialize_uops(list(uops))
-
-  def __reduce__(self) -> Any:
-    return (type(self), (self.emulate,))
 
 
 class PythonCompiler(_CompilerBase):  # type: ignore[misc,valid-type]

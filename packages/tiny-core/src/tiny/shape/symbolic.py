@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple, Type, Union, cast
+from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple, Type, Union
 
 from tiny.helpers import partition
 
@@ -122,6 +122,8 @@ class Node:
         return NumNode(1)
       if self.min >= 0 and _imin(b - self) > 0:
         return NumNode(0)
+      if self.min >= 0 and b.min > 0:
+        return create_node(DivNode(self, b))  # a symbolic divisor, e.g. a symbolic shape
       raise RuntimeError(f"not supported: {self} // {b}")
     if b == 0:
       raise ZeroDivisionError(f"{self} // 0")
@@ -146,6 +148,8 @@ class Node:
         return NumNode(0)
       if self.min >= 0 and _imin(b - self) > 0:
         return self
+      if self.min >= 0 and b.min > 0:
+        return create_node(ModNode(self, b))
       raise RuntimeError(f"not supported: {self} % {b}")
     if b <= 0:
       raise ValueError(f"modulo by a non-positive number is not supported: {self} % {b}")
@@ -445,7 +449,7 @@ class MulNode(OpNode):
 
 
 class DivNode(OpNode):
-  """a // b with a >= 0 and b > 0."""
+  """a // b with a >= 0 and b > 0 (b an int, or a node for symbolic shapes)."""
 
   def __floordiv__(self, b: Union[Node, int], factoring_allowed: bool = False) -> Node:
     if isinstance(b, NumNode):
@@ -455,11 +459,13 @@ class DivNode(OpNode):
     return Node.__floordiv__(self, b, factoring_allowed)
 
   def get_bounds(self) -> Tuple[int, sint]:
-    assert self.a.min >= 0 and isinstance(self.b, int) and self.b > 0, f"bad DivNode {self.a} // {self.b}"
-    return self.a.min // self.b, self.a.max // self.b
+    assert self.a.min >= 0 and _imin(self.b) > 0, f"bad DivNode {self.a} // {self.b}"
+    if isinstance(self.b, int):
+      return self.a.min // self.b, self.a.max // self.b
+    return self.a.min // _imax(self.b.max), _imax(self.a.max) // self.b.min
 
   def substitute(self, var_vals: Mapping[Variable, Union[Node, int]]) -> Node:
-    return self.a.substitute(var_vals) // self.b
+    return self.a.substitute(var_vals) // (self.b if isinstance(self.b, int) else self.b.substitute(var_vals))
 
 
 class ModNode(OpNode):
@@ -480,7 +486,9 @@ class ModNode(OpNode):
     return Node.__floordiv__(self, b, factoring_allowed)
 
   def get_bounds(self) -> Tuple[int, sint]:
-    assert self.a.min >= 0 and isinstance(self.b, int) and self.b > 0, f"bad ModNode {self.a} % {self.b}"
+    assert self.a.min >= 0 and _imin(self.b) > 0, f"bad ModNode {self.a} % {self.b}"
+    if not isinstance(self.b, int):
+      return 0, min(_imax(self.a.max), _imax(self.b.max) - 1)
     if not isinstance(self.a.max, int):
       return 0, self.b - 1
     if self.a.max - self.a.min >= self.b or self.a.min % self.b > self.a.max % self.b:
@@ -488,7 +496,7 @@ class ModNode(OpNode):
     return self.a.min % self.b, self.a.max % self.b
 
   def substitute(self, var_vals: Mapping[Variable, Union[Node, int]]) -> Node:
-    return self.a.substitute(var_vals) % self.b
+    return self.a.substitute(var_vals) % (self.b if isinstance(self.b, int) else self.b.substitute(var_vals))
 
 
 def _exact_quotient(x: Node, b: Node) -> Optional[Node]:
@@ -659,8 +667,8 @@ render_python: Dict[Type[Node], Callable[..., Any]] = {
   Variable: _render_variable,
   NumNode: lambda self, ops, ctx: f"NumNode({self.b})" if ctx == "REPR" else f"{self.b}",
   MulNode: render_mulnode,
-  DivNode: lambda self, ops, ctx: f"({self.a.render(ops, ctx)}//{self.b})",
-  ModNode: lambda self, ops, ctx: f"({self.a.render(ops, ctx)}%{self.b})",
+  DivNode: lambda self, ops, ctx: f"({self.a.render(ops, ctx)}//{sym_render(self.b, ops, ctx)})",
+  ModNode: lambda self, ops, ctx: f"({self.a.render(ops, ctx)}%{sym_render(self.b, ops, ctx)})",
   LtNode: lambda self, ops, ctx: f"({self.a.render(ops, ctx)}<{sym_render(self.b, ops, ctx)})",
   SumNode: lambda self, ops, ctx: f"({'+'.join(sorted([x.render(ops, ctx) for x in self.nodes]))})",
   AndNode: lambda self, ops, ctx: f"({' and '.join(sorted([x.render(ops, ctx) for x in self.nodes]))})",
@@ -671,6 +679,6 @@ render_c: Dict[Type[Node], Callable[..., Any]] = {
   **render_python,
   Variable: lambda self, ops, ctx: self.expr,
   NumNode: lambda self, ops, ctx: f"{self.b}" if self.b >= 0 else f"({self.b})",
-  DivNode: lambda self, ops, ctx: f"({self.a.render(ops, ctx)}/{self.b})",
+  DivNode: lambda self, ops, ctx: f"({self.a.render(ops, ctx)}/{sym_render(self.b, ops, ctx)})",
   AndNode: lambda self, ops, ctx: f"({'&&'.join(sorted([x.render(ops, ctx) for x in self.nodes]))})",
 }

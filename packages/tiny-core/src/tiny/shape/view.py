@@ -121,16 +121,19 @@ class View:
   @functools.lru_cache(maxsize=None)
   def create(shape: Tuple[sint, ...], strides: Optional[Tuple[sint, ...]] = None, offset: sint = 0, mask: Optional[Mask] = None) -> View:
     """The canonical View: zero-size views collapse, size-1 strides are 0, a full mask is dropped, single-valid masked dims get stride 0."""
-    _check_shape(shape, "shape")
     if strides is not None and len(strides) != len(shape):
       raise ValueError(f"strides {strides} don't match shape {shape}")
     if mask is not None and len(mask) != len(shape):
       raise ValueError(f"mask {mask} doesn't match shape {shape}")
-    if any(isinstance(x, NumNode) for x in shape + (strides or ()) + (offset,) + (tuple(x for m in mask for x in m) if mask else ())):
-      # a NumNode equals (and hashes like) its int: store plain ints so that int views stay int views
-      shape, offset = tuple(_num(s) for s in shape), _num(offset)
-      strides = tuple(_num(s) for s in strides) if strides is not None else None
-      mask = tuple((_num(b), _num(e)) for b, e in mask) if mask is not None else None
+    all_plain_ints = all(type(s) is int and s >= 0 for s in shape) and (strides is None or all(type(s) is int for s in strides)) \
+      and type(offset) is int and (mask is None or all(type(b) is int and type(e) is int for b, e in mask))
+    if not all_plain_ints:
+      _check_shape(shape, "shape")
+      if any(isinstance(x, NumNode) for x in shape + (strides or ()) + (offset,) + (tuple(x for m in mask for x in m) if mask else ())):
+        # a NumNode equals (and hashes like) its int: store plain ints so that int views stay int views
+        shape, offset = tuple(_num(s) for s in shape), _num(offset)
+        strides = tuple(_num(s) for s in strides) if strides is not None else None
+        mask = tuple((_num(b), _num(e)) for b, e in mask) if mask is not None else None
     strides = canonicalize_strides(shape, strides) if strides else strides_for_shape(shape)
     if 0 in shape:
       return View(shape, (0,) * len(shape), 0, None, True)

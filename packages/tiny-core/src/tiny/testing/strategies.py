@@ -31,7 +31,7 @@ def register_profiles() -> None:
   """Register the 'default' (fast, for CI) and 'fuzz' (long) hypothesis profiles and load HYPOTHESIS_PROFILE's."""
   import os
   settings.register_profile("default", max_examples=40, deadline=None)
-  settings.register_profile("fuzz", max_examples=3000, deadline=None)
+  settings.register_profile("fuzz", max_examples=1500, deadline=None)
   settings.load_profile(os.getenv("HYPOTHESIS_PROFILE", "default"))
 
 
@@ -214,8 +214,8 @@ def _numpy_ops(ctx: Dict[str, np.ndarray]) -> Dict[type, Callable[..., Any]]:
     Variable: lambda self, ops, c: c[self.expr],
     NumNode: lambda self, ops, c: np.int64(self.b),
     MulNode: lambda self, ops, c: self.a.render(ops, c) * val(self.b, ops, c),
-    DivNode: lambda self, ops, c: self.a.render(ops, c) // self.b,
-    ModNode: lambda self, ops, c: self.a.render(ops, c) % self.b,
+    DivNode: lambda self, ops, c: self.a.render(ops, c) // val(self.b, ops, c),
+    ModNode: lambda self, ops, c: self.a.render(ops, c) % val(self.b, ops, c),
     LtNode: lambda self, ops, c: (self.a.render(ops, c) < val(self.b, ops, c)).astype(np.int64),
     SumNode: lambda self, ops, c: sum((x.render(ops, c) for x in self.nodes), np.int64(0)),
     AndNode: lambda self, ops, c: np.logical_and.reduce([np.asarray(x.render(ops, c)) != 0 for x in self.nodes]).astype(np.int64),

@@ -78,7 +78,7 @@ class BertEmbeddings:
       raise ValueError(f"token ids must be in [0, {table.shape[0]}), got {uniq[0]}..{uniq[-1]}")
     rows = [table[int(i):int(i) + 1] for i in uniq]
     chunks = [Tensor.cat(*rows[i:i + 64]) if len(rows[i:i + 64]) > 1 else rows[i] for i in range(0, len(rows), 64)]
-    small = Embedding(len(uniq), table.shape[1])
+    small = Embedding(len(uniq), self.word_embeddings.embed_sz)
     small.weight = chunks[0].cat(*chunks[1:]) if len(chunks) > 1 else chunks[0]
     return small(Tensor(local.reshape(ids.shape).astype(np.int32), dtype=dtypes.int32))
 

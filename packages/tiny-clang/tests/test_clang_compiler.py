@@ -1,0 +1,131 @@
+"""CLANG toolchain: compiler selection and errors, no files left behind, probes, the allocator."""
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+import shutil
+import tempfile
+
+import numpy as np
+import pytest
+
+from tiny.device import CompileError
+
+from tiny_clang import plugin
+from tiny_clang.compiler import ClangCompiler, find_cc
+from tiny_clang.runtime import ClangAllocator, ClangProgram
+
+if find_cc() is None:
+  pytest.skip("no C compiler (clang/cc/gcc) on this machine", allow_module_level=True)
+
+ADD1 = """
+void add1(float* restrict d0, const float* restrict d1, int core, int ncores) { for (int i = core; i < 4; i += ncores) d0[i] = d1[i] + 1.0f; }
+void add1_entry(const long long *a, int core, int ncores) { add1((float*)a[0], (const float*)a[1], core, ncores); }
+const int add1_parallel = 1;
+"""
+
+
+def _run_add1(lib: bytes) -> np.ndarray:
+  al = ClangAllocator()
+  out, inp = al.alloc(16), al.alloc(16)
+  al.copyin(inp, memoryview(np.arange(4, dtype=np.float32)).cast("B"))
+  ClangProgram("add1", lib)(out, inp)
+  return np.frombuffer(al.as_buffer(out), np.float32).copy()
+
+
+def test_compile_and_run() -> None:
+  np.testing.assert_array_equal(_run_add1(ClangCompiler().compile(ADD1)), [1, 2, 3, 4])
+
+
+def test_compile_error_shows_numbered_source_and_message() -> None:
+  src = "void broken(float *x) {\n  x[0] = undefined_name;\n}\n"
+  with pytest.raises(CompileError) as ei:
+    ClangCompiler().compile(src)
+  msg = str(ei.value)
+  assert "undefined_name" in ei.value.compiler_msg
+  assert "   2 |   x[0] = undefined_name;" in msg, msg
+  assert ei.value.src == src
+
+
+@pytest.mark.parametrize("cc", ["gcc", "clang"])
+def test_each_compiler_works(cc: str, monkeypatch: pytest.MonkeyPatch) -> None:
+  if shutil.which(cc) is None:
+    pytest.skip(f"{cc} is not installed")
+  monkeypatch.setenv("CC", cc)
+  comp = ClangCompiler()
+  assert comp.cc == [cc]
+  np.testing.assert_array_equal(_run_add1(comp.compile(ADD1)), [1, 2, 3, 4])
+
+
+def test_falls_back_to_cc_when_clang_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+  real_which = shutil.which
+  monkeypatch.delenv("CC", raising=False)
+  monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None if name == "clang" else real_which(name, *a, **k))
+  if real_which("cc") is None and real_which("gcc") is None:
+    pytest.skip("no cc/gcc to fall back to")
+  assert find_cc() in ("cc", "gcc")
+  np.testing.assert_array_equal(_run_add1(ClangCompiler().compile(ADD1)), [1, 2, 3, 4])
+
+
+def test_cflags_override(monkeypatch: pytest.MonkeyPatch) -> None:
+  monkeypatch.setenv("CFLAGS", "-O0 -fPIC -DTINY_TEST_VALUE=41")
+  comp = ClangCompiler()
+  assert comp.flags == ["-O0", "-fPIC", "-DTINY_TEST_VALUE=41"]
+  src = ADD1.replace("+ 1.0f", "+ (float)(TINY_TEST_VALUE - 40)")
+  np.testing.assert_array_equal(_run_add1(comp.compile(src)), [1, 2, 3, 4])
+  assert ClangCompiler().cachekey != ClangCompiler(opt_args=["-O3"]).cachekey, "flags must be part of the cache key"
+
+
+def test_no_files_left_behind() -> None:
+  def listing() -> set:
+    return set(glob.glob(os.path.join(tempfile.gettempdir(), "*"))) | set(glob.glob("/dev/shm/*"))
+  before = listing()
+  for i in range(3):
+    _run_add1(ClangCompiler().compile(ADD1 + f"\nint unique_{i};\n"))
+  with pytest.raises(CompileError):
+    ClangCompiler().compile("this is not C")
+  leaked = [p for p in listing() - before if "tiny_clang" in os.path.basename(p)]
+  assert leaked == []
+
+
+def test_probes(monkeypatch: pytest.MonkeyPatch) -> None:
+  assert plugin._probe_clang() is None
+  monkeypatch.setenv("CC", "/nonexistent/compiler")
+  reason = plugin._probe_clang()
+  assert reason is not None and "C compiler" in reason
+  monkeypatch.delenv("CC")
+  monkeypatch.setattr(shutil, "which", lambda *a, **k: None)
+  assert "clang" in (plugin._probe_clang() or "")
+  import importlib.util
+  real = importlib.util.find_spec
+  monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llvmlite" else real(name, *a))
+  assert "pip install llvmlite" in (plugin._probe_llvm() or "")
+
+
+def test_plugin_declares_both_devices() -> None:
+  specs = {s.name: s for s in plugin.tiny_devices()}
+  assert set(specs) == {"CLANG", "LLVM"}
+  assert plugin.TINY_PLUGIN_API == "1.0"
+  assert specs["CLANG"].priority > specs["LLVM"].priority > 0
+  assert specs["CLANG"].graph is not None and specs["LLVM"].graph is not None
+
+
+def test_allocator_alignment_zero_copy_and_views() -> None:
+  al = ClangAllocator()
+  bufs = [al.alloc(n) for n in (1, 3, 64, 1000, 4097)]
+  assert all(ctypes.addressof(b) % 64 == 0 for b in bufs)
+  b = al.alloc(16)
+  mv = al.as_buffer(b)
+  mv[:] = bytes(range(16))
+  assert bytes((ctypes.c_uint8 * 16).from_address(ctypes.addressof(b))) == bytes(range(16)), "as_buffer must not copy"
+  view = al.offset(b, 8, 4)
+  assert ctypes.addressof(view) == ctypes.addressof(b) + 4
+  out = bytearray(8)
+  al.copyout(memoryview(out), view)
+  assert out == bytes(range(4, 12))
+  al.copyin(view, memoryview(b"\xff" * 8))
+  assert bytes(al.as_buffer(b)) == bytes(range(4)) + b"\xff" * 8 + bytes(range(12, 16))
+  # freed buffers are reused by the LRU cache
+  al.free(b, 16)
+  assert al.alloc(16) is b
