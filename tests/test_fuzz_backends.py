@@ -167,15 +167,7 @@ def _eval(tree: Any, inputs: List[Any], ops: Dict[str, Tuple[int, Any, Any]], wh
   return ops[tree[0]][which](*[_eval(t, inputs, ops, which) for t in tree[1:]])
 
 
-# Devices whose results of 8/16-bit int ops are not wrapped to the dtype before the next op (C integer promotion kept
-# in inlined expressions). test_narrow_int_results_wrap pins the bug (strict xfail); random trees skip those dtypes there.
-NARROW_INT_BROKEN = {"CLANG": "CLANG renders int8/uint8 ALU results inline without a cast back to the dtype, so "
-                              "-(int8 -128) // 3 gives 42 and int8 100*100 < 0 is computed on 10000"}
-NARROW_INTS = (dtypes.int8, dtypes.uint8)
-
-
-@pytest.mark.parametrize("device", [pytest.param(d, marks=pytest.mark.xfail(reason=NARROW_INT_BROKEN[d], strict=True))
-                                    if d in NARROW_INT_BROKEN else d for d in DEVICES])
+@pytest.mark.parametrize("device", DEVICES)
 def test_narrow_int_results_wrap(device):
   """An int8/uint8 result wraps to its dtype before it feeds a division or a comparison (as in numpy)."""
   a = np.array([-128, 100, 7, 127], dtype=np.int8)
@@ -190,7 +182,7 @@ def test_narrow_int_results_wrap(device):
 
 @st.composite
 def _tree_case(draw: st.DrawFn, device: str) -> Tuple[DType, Any, int]:
-  ints = [d for d in INT_TREE_DTYPES if device not in NARROW_INT_BROKEN or d not in NARROW_INTS]
+  ints = list(INT_TREE_DTYPES)
   dt = draw(st.sampled_from(FLOAT_TREE_DTYPES + ints))
   ops = FLOAT_OPS if dtypes.is_float(dt) else INT_OPS
   return dt, draw(_trees(ops, 3)), draw(st.integers(0, 2**16))

@@ -11,6 +11,7 @@ import math
 from collections import Counter, defaultdict
 from typing import TYPE_CHECKING, Any, Callable, DefaultDict, Dict, List, Optional, Set, Tuple, cast
 
+from tiny.dtype import dtypes
 from tiny.codegen.uops import UOp, UOps
 from tiny.helpers import strip_parens
 from tiny.ops import BinaryOps, TernaryOps, UnaryOps
@@ -19,6 +20,8 @@ from tiny.renderer import Renderer
 if TYPE_CHECKING:
   from tiny.dtype import DType
 
+
+_NARROW_INTS = (dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16)
 
 class RenderError(RuntimeError):
   """The uop list holds something this renderer cannot express."""
@@ -262,6 +265,9 @@ class CStyleLanguage(Renderer):
         if arg not in self.code_for_op:
           raise RenderError(f"{type(self).__name__} cannot render {arg}")
         val = self.code_for_op[arg](*operands, dtype)
+        if dtype in _NARROW_INTS:
+          # C computes narrow ints as int: truncate to the dtype, or the wider value leaks into the next inlined op
+          val = f"(({self.render_dtype(dtype)})({strip_parens(val)}))"
         inline = uses[u] <= 1 and arg not in self.ssa_ops and dtype.count == 1 and not any(s in mutable for s in src)
         bind(u, "alu", val, inline)
       elif op is UOps.SPECIAL:
