@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import gc
 import importlib
 import importlib.metadata
@@ -324,7 +325,7 @@ def suite(args: argparse.Namespace) -> List[Bench]:
   conv = (8, 64, 64, 56, 3) if quick else (32, 64, 64, 56, 3)
   items: List[Bench] = []
   for n in mm:
-    items.append(Bench(f"matmul {n}x{n}", "GFLOP/s", lambda fw, n=n: fw.matmul(n), 2 * n ** 3 / 1e9))
+    items.append(Bench(f"matmul {n}x{n}", "GFLOP/s", functools.partial(lambda fw, n: fw.matmul(n), n=n), 2 * n ** 3 / 1e9))
   items.append(Bench(f"(a*b+c).relu() {n_elem >> 20}M f32", "GB/s", lambda fw: fw.elementwise(n_elem), 4 * 4 * n_elem / 1e9))
   items.append(Bench(f"sum {n_elem >> 20}M f32", "GB/s", lambda fw: fw.reduce_sum(n_elem), 4 * n_elem / 1e9))
   items.append(Bench(f"softmax {sm}x{sm}", "GB/s", lambda fw: fw.softmax(sm), 2 * 4 * sm * sm / 1e9))

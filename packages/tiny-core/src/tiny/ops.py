@@ -153,7 +153,18 @@ class LazyOp:
   @functools.cached_property
   def lazyops(self) -> List[LazyOp]:
     """All nodes of the tree, self first, each once."""
-    return dedup([self] + [item for x in self.src for item in x.lazyops])
+    # iterative pre-order walk: recursion with per-node lists is quadratic on big fused kernels
+    order: List[LazyOp] = []
+    seen: Set[int] = set()
+    stack: List[LazyOp] = [self]
+    while stack:
+      x = stack.pop()
+      if id(x) in seen:
+        continue
+      seen.add(id(x))
+      order.append(x)
+      stack.extend(reversed(x.src))
+    return dedup(order)
 
   def vars(self) -> List[Variable]:
     """The symbolic Variables of all the ShapeTrackers and constants, sorted by name."""

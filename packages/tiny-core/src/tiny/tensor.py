@@ -1141,7 +1141,8 @@ class Tensor:
         if x.shape[-1] % 2:
           x = x.pad(tuple([None] * (x.ndim - 1) + [(0, 1)]), value=1)
         h = x.shape[-1] // 2
-        x = x[..., :h] * x[..., h:]
+        # one kernel per level: fusing all levels would make a kernel whose expression has one leaf per element
+        x = (x[..., :h] * x[..., h:]).contiguous()
       if x.shape[-1] == 0:
         x = Tensor.ones(*x.shape[:-1], 1, dtype=x.dtype, device=x.device)
       x = x.transpose(a, -1) if a != self.ndim - 1 else x

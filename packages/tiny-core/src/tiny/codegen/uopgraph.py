@@ -28,7 +28,14 @@ def _is_int(u: UOp) -> bool:
 
 
 def _depends_on(u: UOp, r: UOp) -> bool:
+  if r.op is UOps.RANGE:
+    return r in u.loop_ranges
   return u is r or r in u.parents
+
+
+def all_nodes(sink: UOp) -> List[UOp]:
+  """Every uop reachable from sink, sources before users (iterative: graphs can be deep)."""
+  return _toposort(sink)
 
 
 # *** constant folding and algebraic identities ***
@@ -482,7 +489,7 @@ def fold_vector_memory(sink: UOp, opts: Any) -> UOp:
 def _fold_vector_memory(sink: UOp, kind: UOps) -> UOp:
   loads: Dict[Any, Dict[int, UOp]] = defaultdict(dict)
   stores: Dict[Any, Dict[int, UOp]] = defaultdict(dict)
-  for u in sink.sparents:
+  for u in all_nodes(sink):
     if u.op is not kind or u.src[0].op not in (UOps.DEFINE_GLOBAL, UOps.DEFINE_LOCAL):
       continue
     elem = u.dtype if u.op is UOps.LOAD else u.src[2].dtype

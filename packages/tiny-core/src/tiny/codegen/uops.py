@@ -81,6 +81,12 @@ COMMUTATIVE = {BinaryOps.ADD, BinaryOps.MUL, BinaryOps.MAX, BinaryOps.CMPNE, Bin
 END_FOR_UOP = {UOps.IF: (UOps.STORE, UOps.ENDIF), UOps.RANGE: (UOps.PHI, UOps.ENDRANGE)}
 
 
+_CONST_CONV: Dict[DType, Callable[[Any], Any]] = {**{d: int for d in (dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64, dtypes.uint8,
+                                                                     dtypes.uint16, dtypes.uint32, dtypes.uint64)},
+                                                  **{d: float for d in (dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64)},
+                                                  dtypes.bool: bool}
+
+
 def _is_int_like(dt: Optional[DType]) -> bool:
   return dt is not None and (dtypes.is_int(dt) or dt.scalar() == dtypes.bool)
 
@@ -102,6 +108,9 @@ class UOp:
     if dtype.count > 1:
       s = UOp.const(dtype.scalar(), b)
       return UOp(UOps.VECTORIZE, dtype, (s,) * dtype.count)
+    conv = _CONST_CONV.get(dtype)
+    if conv is not None and type(b) in (int, float, bool):
+      return UOp(UOps.CONST, dtype, (), conv(b))
     return UOp(UOps.CONST, dtype, (), dtypes.as_const(b, dtype))
 
   def const_like(self, b: Any) -> UOp:
@@ -173,6 +182,14 @@ class UOp:
     for s in self.src:
       ret.update(s.parents)
       ret[s] = None
+    return ret
+
+  @functools.cached_property
+  def loop_ranges(self) -> frozenset:
+    """The RANGE uops this uop depends on (small sets, so this stays linear on big graphs)."""
+    ret: frozenset = frozenset((self,)) if self.op is UOps.RANGE else frozenset()
+    for s in self.src:
+      ret = ret | s.loop_ranges
     return ret
 
   @property
