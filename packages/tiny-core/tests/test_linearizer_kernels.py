@@ -16,6 +16,7 @@ from tiny.dtype import dtypes
 from tiny.ops import BinaryOps, BufferOps, ConstBuffer, LazyOp, MemBuffer, MetaOps, ReduceOps, TernaryOps, UnaryOps
 from tiny.runtime.ops_python import PythonProgram, PythonRenderer
 from tiny.shape.shapetracker import ShapeTracker as ST
+from tiny.shape.symbolic import Variable
 from tiny.shape.view import View
 
 F32 = dtypes.float32
@@ -209,3 +210,53 @@ def test_two_reduces_have_separate_accumulators() -> None:
   assert k.uops is not None
   assert sum(u.op.name == "DEFINE_ACC" for u in k.uops.uops) == 2
 
+
+
+def test_symbolic_loop_bound_is_computed_before_its_loop() -> None:
+  # a global loop that runs to `v+1`: the ALU for the bound must come before the RANGE on a renderer that emits loops
+  v = Variable("v", 1, 10)
+  x = rng.random((4, 11), dtype=np.float32)
+  sin = ST.from_shape((4, 11)).shrink(((0, 4), (0, v + 1)))
+  ast = LazyOp(MetaOps.KERNEL, (LazyOp(BufferOps.STORE, (e(BinaryOps.MUL, ld(1, sin), const(2.0, ST.from_shape((4, v + 1)))),),
+                                       MemBuffer(0, F32, ST.from_shape((4, v + 1)))),))
+  k = Kernel(ast, opts=_NoLocalRenderer())
+  prg = k.to_program()
+  assert k.uops is not None
+  verify_linearized(k.uops.uops)
+  pos = {u: i for i, u in enumerate(k.uops.uops)}
+  assert all(pos[s] < pos[u] for u in k.uops.uops if u.op.name == "RANGE" for s in u.src)
+  n = 4
+  out = memoryview(bytearray(4 * (n + 1) * 4)).cast("f")
+  gs, ls = prg.launch_dims({v: n})
+  PythonProgram(prg.name, prg.src.encode() if isinstance(prg.src, str) else prg.src)(
+    out, memoryview(bytearray(x.tobytes())).cast("f"), global_size=tuple(gs), local_size=tuple(ls or (1, 1, 1)), vals=(n,))
+  np.testing.assert_allclose(np.frombuffer(out.tobytes(), np.float32).reshape(4, n + 1), x[:, :n + 1] * 2)
+
+
+def _run_symbolic(k: Kernel, inputs: Sequence[np.ndarray], out_size: int, var_vals: Dict[Variable, int]) -> np.ndarray:
+  prg = k.to_program()
+  assert k.uops is not None
+  verify_linearized(k.uops.uops)
+  mvs = [memoryview(bytearray(out_size * 4)).cast("f")] + [memoryview(bytearray(np.ascontiguousarray(x, np.float32).tobytes())).cast("f")
+                                                           for x in inputs]
+  gs, ls = prg.launch_dims(var_vals)
+  PythonProgram(prg.name, prg.src.encode() if isinstance(prg.src, str) else prg.src)(
+    *mvs, global_size=tuple(gs), local_size=tuple(ls or (1, 1, 1)), vals=tuple(var_vals[x] for x in prg.vars))
+  return np.frombuffer(mvs[0].tobytes(), np.float32)
+
+
+@pytest.mark.parametrize("renderer", [PythonRenderer, _NoLocalRenderer])
+def test_hand_coded_optimizations_symbolic_length(renderer) -> None:
+  # scores[h, t] = sum_d w[h, d] * a[t, d] for t < v (a KV cache of 64 slots): `a` broadcasts along h while the output's stride
+  # along h is the symbolic `v`, which the upcast ranking used to sum as a bool
+  v, H, T, D = Variable("t", 1, 64), 12, 64, 16
+  w, a = rng.random((H, D), dtype=np.float32), rng.random((T, D), dtype=np.float32)
+  sw = ST.from_shape((H, D)).reshape((H, 1, D)).expand((H, v, D))
+  sa = ST.from_shape((T, D)).shrink(((0, v), (0, D))).reshape((1, v, D)).expand((H, v, D))
+  ast = LazyOp(MetaOps.KERNEL, (LazyOp(BufferOps.STORE, (e(ReduceOps.SUM, e(BinaryOps.MUL, ld(1, sw), ld(2, sa)), arg=(2,)),),
+                                       MemBuffer(0, F32, ST.from_shape((H, v, 1)))),))
+  k = Kernel(ast, opts=renderer()).hand_coded_optimizations()
+  assert k.applied_opts, "the heuristic should still optimize the integer axes"
+  for n in (5, 37):
+    out = _run_symbolic(k, [w, a], H * n, {v: n})
+    np.testing.assert_allclose(out.reshape(H, n), w @ a[:n].T, rtol=1e-4, atol=1e-4)

@@ -39,6 +39,22 @@ def check(cond: bool, msg: str = "") -> None:
     raise KernelOptError(msg)
 
 
+# the heuristics compare sizes and strides with ints; a symbolic one is unknown, so they use these instead of raw comparisons
+def _size_hint(shape: Sequence[Any]) -> int:
+  """Number of elements of `shape`, taking each symbolic dim at its upper bound (used only to decide if work is 'big')."""
+  return prod(x if isinstance(x, int) else int(x.max) for x in shape)
+
+
+def _is_zero(st: Any) -> bool:
+  """A stride known to be 0 (broadcast); a symbolic stride counts as non-zero."""
+  return isinstance(st, int) and st == 0
+
+
+def _divides(d: int, x: Any) -> bool:
+  """`x` is an int that `d` divides."""
+  return isinstance(x, int) and x % d == 0
+
+
 @dataclass(frozen=True, order=True)
 class Opt:
   """One optimization: op on axis (counted as the op counts axes) by amt (0 = the whole axis)."""
@@ -485,7 +501,7 @@ class Kernel:
         strides0, strides1 = st0.real_strides(), st1.real_strides()
 
         def has_expanded_axis(shape: Tuple[Any, ...], strides: Tuple[Any, ...]) -> bool:
-          return any(s > 1 and st == 0 for s, st in zip(shape, strides))
+          return any(isinstance(s, int) and s > 1 and _is_zero(st) for s, st in zip(shape, strides))
         if strides0[self.first_reduce] == 1 and not (has_expanded_axis(st0.shape, strides0) and has_expanded_axis(st1.shape, strides1)):
           for global_idx in range(self.global_dims):
             if self.full_shape[self.first_reduce] % 32 == 0 and self.full_shape[global_idx] % 8 == 0:
@@ -502,7 +518,7 @@ class Kernel:
       if self.first_reduce < self.first_upcast and prod(self.sts[0].shape[:self.first_reduce]) <= 2048 and \
           not any(r2 in r.lazyops[1:] for r in self.reduceops for r2 in self.reduceops):
         for sz in ([256, 16] if prod(self.sts[0].shape[:self.first_reduce]) <= 32 else [16]):
-          if all(st.shape[self.first_reduce] % sz == 0 or st.shape[self.first_reduce] == 1 for st in self.sts):
+          if all(_divides(sz, st.shape[self.first_reduce]) or st.shape[self.first_reduce] == 1 for st in self.sts):
             try:
               self.apply_opt(Opt(OptOps.GROUPTOP, 0, sz))
               break
@@ -512,14 +528,16 @@ class Kernel:
       return self
     # upcast along axes some buffer broadcasts over (reuse), until 32 values per thread
     upcasted_axis = set()
-    while prod(self.sts[0].shape[:self.first_reduce]) >= 1024:
+    while _size_hint(self.sts[0].shape[:self.first_reduce]) >= 1024:
       xb_choices = []
       for axis, upcast_amount in itertools.product(range(self.first_reduce), [3, 4]):
-        if axis not in upcasted_axis and isinstance(self.full_shape[axis], int) and self.full_shape[axis] % upcast_amount == 0 and \
-            any(st.views[-1].strides[axis] == 0 and not any(x[1] == 0 for x in self.upcasted_axis(buf_index))
+        if axis not in upcasted_axis and _divides(upcast_amount, self.full_shape[axis]) and \
+            any(_is_zero(st.views[-1].strides[axis]) and not any(_is_zero(x[1]) for x in self.upcasted_axis(buf_index))
                 for buf_index, st in enumerate(self.sts)):
-          xb_choices.append((sum(st.views[-1].strides[axis] > 0 for st in self.sts),
-                             sum(st.views[-1].strides[axis] for st in self.sts), axis, upcast_amount))
+          # rank by how many buffers move along the axis, then by how far (a symbolic stride counts as moving, by its upper bound)
+          strides = [st.views[-1].strides[axis] for st in self.sts]
+          xb_choices.append((sum(not isinstance(x, int) or x > 0 for x in strides),
+                             sum(x if isinstance(x, int) else int(x.max) for x in strides), axis, upcast_amount))
       if xb_choices:
         xb_choices = sorted(xb_choices)
         try:
@@ -550,20 +568,20 @@ class Kernel:
               pass
             break
     # no upcast yet: upcast a contiguous output axis by 4
-    if self.upcasted == 0 and self.first_reduce > 0 and isinstance(s := self.full_shape[self.first_reduce - 1], int) and s % 4 == 0 and \
-        prod(self.sts[0].shape[:self.first_reduce]) >= 64:
+    if self.upcasted == 0 and self.first_reduce > 0 and _divides(4, self.full_shape[self.first_reduce - 1]) and \
+        _size_hint(self.sts[0].shape[:self.first_reduce]) >= 64:
       try:
         self.apply_opt(Opt(OptOps.UPCAST, self.first_reduce - 1, 4))
       except KernelOptError:
         pass
     # local groups
     if self.opts.has_local:
-      local_axis_ranking = [(any(st.views[-1].strides[axis] == 0 for st in self.sts), axis) for axis in range(self.first_reduce)]
+      local_axis_ranking = [(any(_is_zero(st.views[-1].strides[axis]) for st in self.sts), axis) for axis in range(self.first_reduce)]
       to_local: List[Tuple[int, int]] = []
       for _, axis in sorted(local_axis_ranking, key=lambda x: (-x[0], -x[1])):
         local_size = prod(sz for _, sz in to_local)
         s = self.full_shape[axis]
-        local_sz = next((x for x in ([32] * (axis == 0) + [16, 8, 4, 3, 2]) if isinstance(s, int) and s % x == 0 and local_size * x <= 128),
+        local_sz = next((x for x in ([32] * (axis == 0) + [16, 8, 4, 3, 2]) if _divides(x, s) and local_size * x <= 128),
                         None)
         if local_sz is not None:
           to_local.append((axis, local_sz))

@@ -578,6 +578,13 @@ def linearize_sink(sink: UOp) -> List[UOp]:
   glob = sorted([u for u in nodes if u.op is UOps.RANGE and not u.arg[1]], key=lambda r: (r.arg[0], topo_idx[r]))
   gset = frozenset(glob)
   empty: FrozenSet[UOp] = frozenset()
+  # the bounds of the global loops (e.g. `v+1` for a symbolic size) are computed before the outermost loop opens
+  bounds: Set[UOp] = set()
+  stack = [s for r in glob for s in r.src]
+  while stack:
+    if (x := stack.pop()) not in bounds:
+      bounds.add(x)
+      stack.extend(x.src)
   acc_outer: Dict[UOp, FrozenSet[UOp]] = {a: gset for a in acc_ranges}
   place: Dict[UOp, FrozenSet[UOp]] = {}
   export: Dict[UOp, FrozenSet[UOp]] = {}
@@ -586,6 +593,8 @@ def linearize_sink(sink: UOp) -> List[UOp]:
       srcs_export = empty.union(*[export[s] for s in u.src]) if u.src else empty
       if u.op in _TOP_OPS:
         p = e = empty
+      elif u in bounds:
+        p = e = srcs_export
       elif u.op is UOps.RANGE:
         if not u.arg[1]:
           p = frozenset(glob[:glob.index(u) + 1])
