@@ -247,9 +247,9 @@ def _run_symbolic(k: Kernel, inputs: Sequence[np.ndarray], out_size: int, var_va
 
 @pytest.mark.parametrize("renderer", [PythonRenderer, _NoLocalRenderer])
 def test_hand_coded_optimizations_symbolic_length(renderer) -> None:
-  # scores[h, t] = sum_d w[h, d] * a[t, d] for t < v (a KV cache of 64 slots): `a` broadcasts along h while the output's stride
+  # scores[h, t] = sum_d w[h, d] * a[t, d] for t < v (a KV cache of 256 slots): `a` broadcasts along h while the output's stride
   # along h is the symbolic `v`, which the upcast ranking used to sum as a bool
-  v, H, T, D = Variable("t", 1, 64), 12, 64, 16
+  v, H, T, D = Variable("t", 1, 256), 12, 256, 16
   w, a = rng.random((H, D), dtype=np.float32), rng.random((T, D), dtype=np.float32)
   sw = ST.from_shape((H, D)).reshape((H, 1, D)).expand((H, v, D))
   sa = ST.from_shape((T, D)).shrink(((0, v), (0, D))).reshape((1, v, D)).expand((H, v, D))
