@@ -17,20 +17,25 @@ from tiny.shape.shapetracker import ShapeTracker as ST
 NP = {dtypes.half: np.float16, dtypes.float: np.float32}
 
 
-def matmul_ast(M: int, N: int, K: int, din: DType, dout: DType) -> LazyOp:
+def matmul_ast(M: int, N: int, K: int, din: DType, dout: DType, cast_product: bool = False) -> LazyOp:
+  """SUM(MUL(CAST(a), CAST(b))), or with cast_product the SUM(CAST(MUL(a, b))) that Tensor.matmul(acc_dtype=...) builds."""
   sa = ST.from_shape((M, K)).reshape((M, 1, K)).expand((M, N, K))
   sb = ST.from_shape((K, N)).permute((1, 0)).reshape((1, N, K)).expand((M, N, K))
   la, lb = LazyOp(BufferOps.LOAD, (), MemBuffer(1, din, sa)), LazyOp(BufferOps.LOAD, (), MemBuffer(2, din, sb))
-  if din != dout:
+  if din != dout and not cast_product:
     la, lb = LazyOp(UnaryOps.CAST, (la,), dout), LazyOp(UnaryOps.CAST, (lb,), dout)
-  red = LazyOp(ReduceOps.SUM, (LazyOp(BinaryOps.MUL, (la, lb)),), (2,))
+  mul = LazyOp(BinaryOps.MUL, (la, lb))
+  if din != dout and cast_product:
+    mul = LazyOp(UnaryOps.CAST, (mul,), dout)
+  red = LazyOp(ReduceOps.SUM, (mul,), (2,))
   return LazyOp(MetaOps.KERNEL, (LazyOp(BufferOps.STORE, (red,), MemBuffer(0, dout, ST.from_shape((M, N, 1)))),))
 
 
-def run_matmul(emulate: str, din: DType, dout: DType, M: int, N: int, K: int, opts: List[Opt], hand_coded: bool = False) -> Kernel:
+def run_matmul(emulate: str, din: DType, dout: DType, M: int, N: int, K: int, opts: List[Opt], hand_coded: bool = False,
+               cast_product: bool = False) -> Kernel:
   rng = np.random.default_rng(1)
   A, B = (rng.random((M, K)) - 0.5).astype(NP[din]), (rng.random((K, N)) - 0.5).astype(NP[din])
-  k = Kernel(matmul_ast(M, N, K, din, dout), opts=PythonRenderer(emulate=emulate))
+  k = Kernel(matmul_ast(M, N, K, din, dout, cast_product), opts=PythonRenderer(emulate=emulate))
   if hand_coded:
     k.hand_coded_optimizations()
   for o in opts:
@@ -73,6 +78,22 @@ def test_tc_with_more_opts(opts) -> None:
 def test_hand_coded_picks_tensor_cores() -> None:
   k = run_matmul("CUDA", dtypes.half, dtypes.float, 32, 16, 32, [], hand_coded=True)
   assert k.tensor_core is not None
+
+
+@pytest.mark.parametrize("emulate", ["CUDA", "METAL"])
+def test_tc_accepts_cast_around_product(emulate) -> None:
+  # half inputs accumulated in float, with the cast around the product: the tensor core computes in float, as numpy does here
+  k = run_matmul(emulate, dtypes.half, dtypes.float, 32, 16, 32, [Opt(OptOps.TC, 0, 0)], cast_product=True)
+  assert k.uops is not None and any(u.op is UOps.WMMA for u in k.uops.uops)
+  assert run_matmul(emulate, dtypes.half, dtypes.float, 32, 16, 32, [], hand_coded=True, cast_product=True).tensor_core is not None
+
+
+def test_tc_from_tensor_matmul_ast() -> None:
+  from tiny.engine.schedule import create_schedule
+  from tiny.tensor import Tensor
+  out = Tensor.empty(64, 64, dtype=dtypes.half).matmul(Tensor.empty(64, 64, dtype=dtypes.half), acc_dtype=dtypes.float)
+  k = Kernel(create_schedule([out.lazydata])[-1].ast, opts=PythonRenderer(emulate="CUDA"))
+  assert k.apply_tensor_cores(1) and k.tensor_core is not None
 
 
 def test_tc_rejections() -> None:

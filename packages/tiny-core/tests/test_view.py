@@ -149,3 +149,18 @@ def test_invert_and_minify():
 def test_size_and_vars():
   assert View.create((2, 3, 4)).size() == 24 and View.create(()).size() == 1
   assert View.create((2, 3)).vars() == set()
+
+
+def test_reshape_with_only_a_symbolic_offset():
+  # a permuted [v]th slab of a (10, 6, 4) buffer: shape and strides are ints, only the offset is symbolic
+  from tiny.shape.symbolic import Variable, sym_infer
+  v = Variable("v", 0, 9)
+  slab = View.create((4, 6), (1, 4), v * 24)
+  r = slab.reshape((2, 2, 6))
+  assert r is not None and r.shape == (2, 2, 6)
+  buf = np.arange(240)
+  for val in (0, 3, 9):
+    def at(x: View) -> View:
+      return View.create(x.shape, x.strides, sym_infer(x.offset, {v: val}), x.mask)
+    assert np.array_equal(_read(at(r), buf), _read(at(slab), buf).reshape(2, 2, 6))
+    assert np.array_equal(_read(at(slab), buf), buf.reshape(10, 6, 4)[val].T)

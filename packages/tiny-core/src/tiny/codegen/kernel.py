@@ -40,9 +40,16 @@ def check(cond: bool, msg: str = "") -> None:
 
 
 # the heuristics compare sizes and strides with ints; a symbolic one is unknown, so they use these instead of raw comparisons
+def _upper(x: Any) -> int:
+  """An int, or the upper bound of a symbolic one."""
+  while not isinstance(x, int):
+    x = x.max
+  return x
+
+
 def _size_hint(shape: Sequence[Any]) -> int:
   """Number of elements of `shape`, taking each symbolic dim at its upper bound (used only to decide if work is 'big')."""
-  return prod(x if isinstance(x, int) else int(x.max) for x in shape)
+  return prod(_upper(x) for x in shape)
 
 
 def _is_zero(st: Any) -> bool:
@@ -444,7 +451,11 @@ class Kernel:
     if len(self.reduceops) != 1 or self.group_for_reduces or self.upcasted or self.local_dims or self.dont_use_locals:
       return []
     r = self.reduceops[0]
-    if r.op is not ReduceOps.SUM or r.dtype != tc.dtype_out or (mul := r.src[0]).op is not BinaryOps.MUL:
+    mul = r.src[0]
+    # SUM(CAST(MUL(a, b))) (a half matmul accumulating in float) also fits: the tensor core multiplies in dtype_out anyway
+    if mul.op is UnaryOps.CAST and mul.arg == tc.dtype_out:
+      mul = mul.src[0]
+    if r.op is not ReduceOps.SUM or r.dtype != tc.dtype_out or mul.op is not BinaryOps.MUL:
       return []
     bufs = []
     for s in mul.src:
@@ -536,8 +547,7 @@ class Kernel:
                 for buf_index, st in enumerate(self.sts)):
           # rank by how many buffers move along the axis, then by how far (a symbolic stride counts as moving, by its upper bound)
           strides = [st.views[-1].strides[axis] for st in self.sts]
-          xb_choices.append((sum(not isinstance(x, int) or x > 0 for x in strides),
-                             sum(x if isinstance(x, int) else int(x.max) for x in strides), axis, upcast_amount))
+          xb_choices.append((sum(int(not isinstance(x, int) or x > 0) for x in strides), sum(_upper(x) for x in strides), axis, upcast_amount))
       if xb_choices:
         xb_choices = sorted(xb_choices)
         try:

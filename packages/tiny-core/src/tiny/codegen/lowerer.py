@@ -291,6 +291,8 @@ class Lowerer:
         base[a] = r = self._fresh_range(a)
         ranges.append(r)
     mul = x.src[0]
+    if mul.op is UnaryOps.CAST:  # SUM(CAST(MUL(a, b))): the WMMA does the multiply in dtype_out
+      mul = mul.src[0]
     srcs = []
     for s in mul.src:
       srcs.append(s.src[0] if s.op is UnaryOps.CAST and s.src[0].op is BufferOps.LOAD else s)

@@ -299,7 +299,8 @@ class View:
       raise ValueError(f"size mismatched, can't reshape {self.shape=} -> {new_shape=}")
     if self.contiguous:
       return View.create(new_shape)
-    if not _all_int_view(self) or not all_int(new_shape):
+    # only the offset symbolic (a shrink by a Variable): it just moves along, so the integer path applies
+    if not (all_int(self.shape) and all_int(self.strides) and (self.mask is None or all(all_int(m) for m in self.mask))) or not all_int(new_shape):
       return self._reshape_symbolic(new_shape)
     shape, strides = cast(Tuple[int, ...], self.shape), cast(Tuple[int, ...], self.strides)
     mask = cast(Tuple[Tuple[int, int], ...], self.mask) if self.mask is not None else tuple((0, s) for s in shape)
@@ -309,7 +310,7 @@ class View:
     ishape = cast(Tuple[int, ...], new_shape)
     dims: List[_Dim] = [(s, st, b, e) for s, st, (b, e) in zip(shape, strides, mask) if s != 1]
     targets = [s for s in ishape if s != 1]
-    offset = cast(int, self.offset)
+    offset = self.offset
     out: List[_Dim] = []
     i = j = 0
     while i < len(dims):
