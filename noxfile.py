@@ -109,8 +109,9 @@ def typecheck(session: nox.Session) -> None:
   """mypy on every package's src/."""
   session.install("mypy", "numpy", "pluggy")
   session.install("--no-deps", *editable(PACKAGES))
+  # only import packages: src/ also holds build leftovers such as tiny_amd.egg-info, which mypy cannot import
   imports = [d.name for p in existing(PACKAGES) for d in sorted((ROOT / "packages" / p / "src").iterdir())
-             if d.is_dir() and (d / "__init__.py").is_file()]
+             if d.is_dir() and d.name.isidentifier() and (d / "__init__.py").is_file()]
   session.run("mypy", *[a for i in imports for a in ("-p", i)], *session.posargs)
 
 

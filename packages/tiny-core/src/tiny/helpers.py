@@ -373,7 +373,8 @@ class _NoBar:
     pass
 
 
-def pretty_print(x: Any, rep: Callable[[Any], Any], srcfn: Callable[[Any], Any] = lambda x: x.src, cache: Optional[Dict[Any, Any]] = None, d: int = 0) -> str:
+def pretty_print(x: Any, rep: Callable[[Any], Any], srcfn: Callable[[Any], Any] = lambda x: x.src, cache: Optional[Dict[Any, Any]] = None,
+                 d: int = 0) -> str:
   """Indented tree rendering of a DAG (shared nodes are numbered)."""
   def dfs(x: Any, cache: Dict[Any, Any]) -> None:
     for s in srcfn(x) or []:

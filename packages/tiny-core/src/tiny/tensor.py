@@ -14,7 +14,7 @@ import math
 import string
 import time
 from contextlib import ContextDecorator
-from typing import Any, Callable, ClassVar, Dict, Iterator, List, Optional, Sequence, Set, Tuple, Type, Union
+from typing import Any, Callable, ClassVar, Dict, Iterator, List, Optional, Sequence, Set, Tuple, Type, Union, cast
 
 import numpy as np
 
@@ -237,12 +237,12 @@ class Tensor:
   def __len__(self) -> int:
     if not self.shape:
       raise TypeError("len() of a 0-d tensor")
-    return self.shape[0]
+    return cast(int, self.shape[0])
 
   def __iter__(self) -> Iterator[Tensor]:
     if not self.shape:
       raise TypeError("iteration over a 0-d tensor")
-    return (self[i] for i in range(self.shape[0]))
+    return (self[i] for i in range(cast(int, self.shape[0])))
 
   def __getattr__(self, name: str) -> Any:
     # t.clang(), t.cuda(), ...: move to the device of that name (like tinygrad's per-device methods)
@@ -339,14 +339,14 @@ class Tensor:
     assert buf is not None, f"{t.lazydata.base} was not realized"
     return buf.as_buffer()
 
-  def data(self) -> memoryview:
+  def data(self) -> memoryview[Any]:
     """The contents as a memoryview shaped like the tensor."""
     if self.dtype.fmt is None:
       raise TypeError(f"{self.dtype} has no memoryview format: cast it first")
     if not all_int(self.shape):
       raise RuntimeError(f"data() needs a concrete shape, got {self.shape}")
     fmt: Any = self.dtype.fmt
-    return self._data().cast(fmt) if 0 in self.shape else self._data().cast(fmt, tuple(int(s) for s in self.shape))
+    return self._data().cast(fmt) if 0 in self.shape else self._data().cast(fmt, cast(Tuple[int, ...], self.shape))
 
   def item(self) -> ConstType:
     """The single element as a Python scalar."""
@@ -367,7 +367,7 @@ class Tensor:
     if not all_int(self.shape):
       raise RuntimeError(f"numpy() needs a concrete shape, got {self.shape}")
     if 0 in self.shape:
-      return np.zeros(self.shape, dtype=npdt)
+      return np.zeros(cast(Tuple[int, ...], self.shape), dtype=npdt)
     return np.frombuffer(self._data(), dtype=npdt).reshape(self.shape).copy()
 
   def to(self, device: Optional[Union[str, Tuple[str, ...]]]) -> Tensor:
@@ -450,7 +450,7 @@ class Tensor:
     device = Device.canonicalize(device)
     if (num := prod(shape)) == 0:
       return Tensor.zeros(shape, device=device, dtype=dt, **kwargs)
-    bits = Tensor._threefry_bits(num, device)
+    bits = Tensor._threefry_bits(cast(int, num), device)
     if dt == dtypes.bfloat16:
       # 7 random mantissa bits in a float32, which bfloat16 holds exactly
       out = bits.idiv(1 << 25).mul(1 << 16).bitwise_or(_ONE_BITS[4]).bitcast(dtypes.float32).sub(1).cast(dt).reshape(shape)
@@ -865,7 +865,7 @@ class Tensor:
       elif isinstance(it, slice):
         if it.step == 0:
           raise ValueError(f"slice step cannot be zero (dim {dim})")
-        start, stop, step = it.indices(size)
+        start, stop, step = it.indices(cast(int, size))
         n = len(range(start, stop, step))
         if n == 0:
           shrink_arg.append((0, 0))
@@ -890,7 +890,8 @@ class Tensor:
     if flips:
       ret = move(ret, "flip", tuple(flips))
     if any(s != 1 for s in strides):
-      ret = move(ret, "pad", tuple((0, round_up(sh, s) - sh) for s, sh in zip(strides, ret.shape)))
+      # a strided dim came from a slice, whose size is concrete; step-1 dims round up to themselves
+      ret = move(ret, "pad", tuple((0, round_up(cast(int, sh), s) - sh) for s, sh in zip(strides, ret.shape)))
       ret = move(ret, "reshape", tuple(flatten((sh // s, s) for s, sh in zip(strides, ret.shape))))
       ret = move(ret, "shrink", tuple(flatten(((0, sh), (0, 1)) for sh in ret.shape[::2])))
       ret = move(ret, "reshape", tuple(ret.shape[::2]))
@@ -946,7 +947,7 @@ class Tensor:
     for j, ((_, idx), n) in enumerate(zip(tensor_dims, sizes)):
       idx = (idx < 0).where(idx + n, idx)
       idx = idx.reshape((1,) * q + _pad_left(idx.shape, big)[0] + (1,) * (nr - q) + (1,) * nk)
-      ar = Tensor.arange(n, device=self.device, requires_grad=False).reshape((1,) * (q + nb + nr - q + j) + (n,) + (1,) * (nk - j - 1))
+      ar = Tensor.arange(cast(int, n), device=self.device, requires_grad=False).reshape((1,) * (q + nb + nr - q + j) + (n,) + (1,) * (nk - j - 1))
       m = idx == ar
       mask = m if mask is None else mask & m
     assert mask is not None
@@ -1000,7 +1001,7 @@ class Tensor:
     xs = self.shrink(tuple((0, i) if d != dim else None for d, i in enumerate(index.shape)))
     # xs.unsqueeze(dim) puts the gathered dim at dim+1: move it to the end, the mask compares against it there
     x = xs.unsqueeze(dim).permute(*[d for d in range(self.ndim + 1) if d != dim + 1], dim + 1)
-    mask = index.unsqueeze(-1) == Tensor.arange(n, device=self.device, requires_grad=False)
+    mask = index.unsqueeze(-1) == Tensor.arange(cast(int, n), device=self.device, requires_grad=False)
     work_dtype = dtypes.uint8 if self.dtype == dtypes.bool else self.dtype
     return mask.where(x.cast(work_dtype), 0).sum(-1, acc_dtype=work_dtype).cast(self.dtype)
 
@@ -1039,7 +1040,8 @@ class Tensor:
     if isinstance(sizes, int):
       if sizes <= 0:
         raise ValueError(f"split size must be positive, got {sizes}")
-      sizes = [min(sizes, self.shape[dim] - i) for i in range(0, max(1, self.shape[dim]), sizes)]
+      dim_size = cast(int, self.shape[dim])
+      sizes = [min(sizes, dim_size - i) for i in range(0, max(1, dim_size), sizes)]
     if sum(sizes) != self.shape[dim]:
       raise ShapeError(f"split sizes {list(sizes)} must sum to the size {self.shape[dim]} of dim {dim}")
     offs = [0, *itertools.accumulate(sizes)]
@@ -1052,7 +1054,7 @@ class Tensor:
     dim = self._resolve_dim(dim)
     if self.shape[dim] == 0:
       return [self] * chunks
-    return list(self.split(math.ceil(self.shape[dim] / chunks), dim=dim))
+    return list(self.split(math.ceil(cast(int, self.shape[dim]) / chunks), dim=dim))
 
   def meshgrid(self, *args: Tensor, indexing: str = "ij") -> Tuple[Tensor, ...]:
     """Coordinate grids from 1D tensors ('ij' or 'xy' indexing)."""
@@ -1063,7 +1065,7 @@ class Tensor:
     pos = list(range(len(tensors)))
     if indexing == "xy" and len(tensors) > 1:
       pos[0], pos[1] = 1, 0
-    out_shape = [0] * len(tensors)
+    out_shape: List[sint] = [0] * len(tensors)
     for p, t in zip(pos, tensors):
       out_shape[p] = t.numel()
     rets = []
@@ -1180,7 +1182,7 @@ class Tensor:
     if self.shape[axis] == 0:
       raise TensorError(f"argmax of an empty dimension (shape {self.shape}, axis {axis})")
     m = self == self.max(axis=axis, keepdim=True)
-    n = self.shape[axis]
+    n = cast(int, self.shape[axis])
     idx = m * Tensor.arange(n, 0, -1, device=self.device, requires_grad=False).reshape((n,) + (1,) * (self.ndim - axis - 1))
     return (n - idx.max(axis=axis, keepdim=keepdim)).cast(dtypes.int32)
 
@@ -1204,7 +1206,7 @@ class Tensor:
 
   def _cumsum(self, axis: int = 0, _first_zero: bool = False) -> Tensor:
     # a sliding window over the left-padded axis: out[i] = sum(x[i-n+1 .. i])
-    n = self.shape[axis]
+    n = cast(int, self.shape[axis])
     pl_sz = n - int(not _first_zero and n != 0)
     x = self.transpose(axis, -1)
     x = x.pad2d((pl_sz, -int(_first_zero)))
@@ -1220,7 +1222,7 @@ class Tensor:
     split = 256
     if self.shape[axis] <= split * 2:
       return self._cumsum(axis)
-    n = self.shape[axis]
+    n = cast(int, self.shape[axis])
     ret = self.transpose(axis, -1).pad2d((round_up(n, split) - n, 0))
     ret = ret.unflatten(-1, (-1, split))._cumsum(-1)
     base_add = ret[..., -1]._cumsum(-1, _first_zero=True)  # exclusive: the totals of the chunks before
@@ -1234,7 +1236,8 @@ class Tensor:
   def _tri(r: sint, c: sint, diagonal: int = 0, **kwargs: Any) -> Tensor:
     if r == 0 or c == 0:
       return Tensor.zeros((r, c), dtype=dtypes.bool, **kwargs)
-    return Tensor.arange(r, **kwargs).unsqueeze(1).expand(r, c) <= Tensor.arange(-diagonal, c - diagonal, **kwargs).unsqueeze(0).expand(r, c)
+    return Tensor.arange(cast(int, r), **kwargs).unsqueeze(1).expand(r, c) <= \
+      Tensor.arange(-diagonal, cast(int, c) - diagonal, **kwargs).unsqueeze(0).expand(r, c)
 
   def triu(self, diagonal: int = 0) -> Tensor:
     """The upper triangle of the last two dims (elements with col - row >= diagonal), zeros elsewhere."""
@@ -1266,7 +1269,7 @@ class Tensor:
       if any(o <= 0 for o in o_):
         raise ShapeError(f"pooling window {k_} (dilation {d_}) is bigger than the input {i_}")
       # tile each dim enough times that rows of length i+d line up: row j, column c holds x[c + j*d]
-      xup = self.repeat([1] * nb + [math.ceil(k * (i + d) / i) for k, i, d in zip(k_, i_, d_)])
+      xup = self.repeat([1] * nb + [math.ceil(cast(int, k * (i + d)) / cast(int, i)) for k, i, d in zip(k_, i_, d_)])
       xup = xup.shrink(tuple(noop + [(0, k * (i + d)) for k, i, d in zip(k_, i_, d_)]))
       xup = xup.reshape(keep + flatten((k, i + d) for k, i, d in zip(k_, i_, d_)))
       # take every s-th column, o of them
@@ -1340,7 +1343,7 @@ class Tensor:
     """Transposed convolution: weight is (cin, cout/groups, *kernel), like torch."""
     if self.ndim < 3 or self.ndim != weight.ndim:
       raise ShapeError(f"conv_transpose2d input {self.shape} and weight {weight.shape} need the same number (>=3) of dims")
-    HW, trailing = weight.shape[2:], list(range(3, weight.ndim + 1))  # noqa: N806
+    HW, trailing = cast(Tuple[int, ...], weight.shape[2:]), list(range(3, weight.ndim + 1))  # noqa: N806
     x, w = self, weight.unflatten(0, (groups, -1)).permute(0, 2, 1, *trailing).flip(trailing)
     strides = make_pair(stride, len(HW))
     if any(s > 1 for s in strides):
@@ -1463,7 +1466,7 @@ class Tensor:
       attn_mask = Tensor.ones(self.shape[-2], key.shape[-2], requires_grad=False, device=self.device).tril(0).cast(dtypes.bool)
     if attn_mask is not None and attn_mask.dtype == dtypes.bool:
       attn_mask = attn_mask.where(0, -float("inf"))
-    qk = self.matmul(key.transpose(-2, -1), acc_dtype=least_upper_dtype(self.dtype, key.dtype, dtypes.float32)) / math.sqrt(self.shape[-1])
+    qk = self.matmul(key.transpose(-2, -1), acc_dtype=least_upper_dtype(self.dtype, key.dtype, dtypes.float32)) / math.sqrt(cast(int, self.shape[-1]))
     return ((qk + attn_mask) if attn_mask is not None else qk).softmax(-1).cast(self.dtype).dropout(dropout_p) @ value
 
   def _do_reduction(self, reduction: str = "mean") -> Tensor:
@@ -1487,7 +1490,7 @@ class Tensor:
     if Y.shape != self.shape[:-1]:
       raise ShapeError(f"labels of shape {Y.shape} do not match logits of shape {self.shape}")
     log_probs, loss_mask = self.log_softmax(), (Y != ignore_index)
-    y = (Y.unsqueeze(-1) == Tensor.arange(self.shape[-1], requires_grad=False, device=self.device)) & loss_mask.unsqueeze(-1)
+    y = (Y.unsqueeze(-1) == Tensor.arange(cast(int, self.shape[-1]), requires_grad=False, device=self.device)) & loss_mask.unsqueeze(-1)
     smoothing = label_smoothing * (log_probs.mean(-1) * loss_mask)
     loss = -((1 - label_smoothing) * y.where(log_probs, 0).sum(-1) + smoothing)
     if reduction == "mean":
@@ -1499,7 +1502,7 @@ class Tensor:
     if not 0.0 <= label_smoothing <= 1.0:
       raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
     cdim = 1 if self.ndim > 1 else 0
-    nc = self.shape[cdim]
+    nc = cast(int, self.shape[cdim])
     if Y.ndim == self.ndim - 1:
       Y = Y.one_hot(nc)  # noqa: N806
       if cdim == 1 and Y.ndim > 2:
@@ -1512,7 +1515,7 @@ class Tensor:
   def nll_loss(self, Y: Tensor, weight: Optional[Tensor] = None, ignore_index: Optional[int] = None, reduction: str = "mean") -> Tensor:  # noqa: N803
     """Negative log likelihood of log-probabilities self (N, C, ...) at class indices Y (N, ...)."""
     cdim = 1 if self.ndim > 1 else 0
-    nc = self.shape[cdim]
+    nc = cast(int, self.shape[cdim])
     w = Tensor.ones(nc, device=self.device) if weight is None else weight
     mask = Tensor.ones_like(Y, dtype=dtypes.bool) if ignore_index is None else (Y != ignore_index)
     yh = Y.one_hot(nc)
@@ -1796,8 +1799,9 @@ class Tensor:
       else:
         y_dtype = dtypes.from_py(y)
       if isinstance(y, Node):
-        y = Tensor(y, x.device, y_dtype, requires_grad=False) if isinstance(y, Variable) else Tensor(y.unbind()[0] if hasattr(y, "unbind") else y,
-                                                                                                      x.device, y_dtype, requires_grad=False)
+        # a bound Variable stays bound; any other expression is unbound first, and Tensor() takes it only when that leaves a Variable
+        node: Any = y if isinstance(y, Variable) else y.unbind()[0]
+        y = Tensor(node, x.device, y_dtype, requires_grad=False)
       else:
         y = Tensor(_wrap_int(int(y), y_dtype) if dtypes.is_int(y_dtype) else dtypes.as_const(y, y_dtype), x.device, y_dtype, requires_grad=False)
     if match_dtype and x.dtype != y.dtype:
@@ -1830,7 +1834,7 @@ class Tensor:
     """self * x, broadcast."""
     return F.Mul.apply(*self._broadcasted(x, reverse))
 
-  def div(self, x: Union[Tensor, ConstType], reverse: bool = False, upcast: bool = True) -> Tensor:
+  def div(self, x: Union[Tensor, ConstType, Node], reverse: bool = False, upcast: bool = True) -> Tensor:
     """True division self / x (ints are promoted to float unless upcast=False, which truncates like C)."""
     numerator, denominator = self._broadcasted(x, reverse)
     if upcast:
@@ -2129,7 +2133,9 @@ class Tensor:
 
   def nbytes(self) -> int:
     """Bytes of the whole tensor."""
-    return int(self.numel()) * self.element_size()
+    if not isinstance(n := self.numel(), int):
+      raise TypeError(f"nbytes() needs a concrete shape, got {self.shape}")
+    return n * self.element_size()
 
   def is_floating_point(self) -> bool:
     """True for float dtypes."""

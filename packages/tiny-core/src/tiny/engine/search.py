@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from tiny.device import Buffer, CompileError
 from tiny.helpers import DEBUG, CACHELEVEL, diskcache_get, diskcache_put, getenv, prod, tqdm
 from tiny.ops import BufferOps, LazyOp
-from tiny.shape.symbolic import Variable
+from tiny.shape.symbolic import Variable, _imax
 
 # how often each stage ran, for tests and for DEBUG output
 search_stats: Dict[str, int] = defaultdict(int)
@@ -94,8 +94,8 @@ def _real_size(st: Any) -> int:
 
 
 def _var_vals(ast: LazyOp) -> Dict[Variable, int]:
-  # time symbolic kernels at the middle of each variable's range
-  return {v: (int(v.min) + int(v.max)) // 2 for v in ast.vars()}
+  # time symbolic kernels at the middle of each variable's range (a symbolic max counts as its own int upper bound)
+  return {v: (int(v.min) + _imax(v.max)) // 2 for v in ast.vars()}
 
 
 def _compile(args: Tuple[LazyOp, Tuple[Any, ...], str, Any]) -> Optional[Tuple[Any, bytes]]:
