@@ -120,7 +120,10 @@ def test_least_upper_dtype_is_a_commutative_upper_bound(a, b, c):
   ab = least_upper_dtype(a, b)
   assert ab == least_upper_dtype(b, a)
   assert least_upper_dtype(ab, a) == ab and least_upper_dtype(ab, b) == ab
-  assert least_upper_dtype(least_upper_dtype(a, b), c) == least_upper_dtype(a, least_upper_dtype(b, c)) == least_upper_dtype(a, b, c)
+  # not associative in general (as in tinygrad, int64/uint64 promote to both float16 and bfloat16, whose join is
+  # float32), so check that the n-ary join is an upper bound of every argument instead
+  abc = least_upper_dtype(a, b, c)
+  assert all(least_upper_dtype(abc, x) == abc for x in (a, b, c))
 
 
 def test_least_upper_float_and_sum_acc_dtype():

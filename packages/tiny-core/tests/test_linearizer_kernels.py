@@ -6,6 +6,8 @@ import itertools
 from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
+
+from tiny.helpers import prod
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -260,3 +262,18 @@ def test_hand_coded_optimizations_symbolic_length(renderer) -> None:
   for n in (5, 37):
     out = _run_symbolic(k, [w, a], H * n, {v: n})
     np.testing.assert_allclose(out.reshape(H, n), w @ a[:n].T, rtol=1e-4, atol=1e-4)
+
+
+
+def test_cpu_heuristic_upcasts_an_output_strip_for_matmul() -> None:
+  """Without local memory a matmul gets a wide upcast along the output axis that is contiguous in one input, and stays correct."""
+  from tiny.engine.schedule import create_schedule
+  from tiny.tensor import Tensor
+  an, bn = np.random.default_rng(0).standard_normal((16, 24), np.float32), np.random.default_rng(1).standard_normal((24, 64), np.float32)
+  a, b = Tensor(an, device="PYTHON").realize(), Tensor(bn, device="PYTHON").realize()
+  si = create_schedule([(a @ b).lazydata])[-1]
+  k = Kernel(si.ast, opts=_NoLocalRenderer()).hand_coded_optimizations()
+  assert k.upcasted > 0 and all(o.op is OptOps.UPCAST and o.axis == k.applied_opts[0].axis for o in k.applied_opts), k.applied_opts
+  assert prod(k.full_shape[k.shape_len - k.upcasted:]) == 64
+  inputs = [an if si.bufs[i].nbytes == an.nbytes else bn for i in (1, 2)]
+  np.testing.assert_allclose(run_kernel(k, inputs, (16, 64)).reshape(16, 64), an @ bn, rtol=1e-4, atol=1e-4)

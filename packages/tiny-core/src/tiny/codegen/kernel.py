@@ -497,6 +497,30 @@ class Kernel:
 
   # *** heuristic ***
 
+  def _cpu_output_strip(self) -> bool:
+    """CPU matmul-like reduce: upcast a wide strip of the last output axis (True when applied).
+
+    The axis must be contiguous in the output and in one input while another input broadcasts along it; then each
+    reduce step loads one value of the broadcast input and one contiguous vector of the other, which the C compiler
+    vectorizes. Measured on CLANG (1024² matmul): a 1x128 strip runs ~6x faster than a 4x4 register tile."""
+    if self.reduceop is None or self.first_reduce == 0 or self.upcasted or not all_int(self.full_shape):
+      return False
+    axis = self.first_reduce - 1
+    strides = [st.real_strides()[axis] for st in self.sts]
+    if strides[0] != 1 or not any(s == 1 for s in strides[1:]) or not any(s == 0 for s in strides[1:]):
+      return False
+    width = next((w for w in (128, 64, 32, 16, 8) if self.full_shape[axis] % w == 0), None)
+    if width is None:
+      return False
+    try:
+      while width > 1:
+        step = min(width, 8)
+        self.apply_opt(Opt(OptOps.UPCAST, axis, step))
+        width //= step
+    except KernelOptError:
+      return bool(self.upcasted)
+    return True
+
   def hand_coded_optimizations(self) -> Kernel:
     """A fast heuristic: grouping for big reduces, upcasts along broadcast axes, small-reduce unrolls, local sizes."""
     self.required_optimizations()
@@ -536,6 +560,8 @@ class Kernel:
             except KernelOptError:
               pass
     if self.group_for_reduces:
+      return self
+    if not self.opts.has_local and self._cpu_output_strip():
       return self
     # upcast along axes some buffer broadcasts over (reuse), until 32 values per thread
     upcasted_axis = set()
