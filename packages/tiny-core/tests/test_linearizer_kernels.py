@@ -277,3 +277,20 @@ def test_cpu_heuristic_upcasts_an_output_strip_for_matmul() -> None:
   assert prod(k.full_shape[k.shape_len - k.upcasted:]) == 64
   inputs = [an if si.bufs[i].nbytes == an.nbytes else bn for i in (1, 2)]
   np.testing.assert_allclose(run_kernel(k, inputs, (16, 64)).reshape(16, 64), an @ bn, rtol=1e-4, atol=1e-4)
+
+
+def test_cpu_heuristic_upcasts_output_rows_and_channels_for_padded_conv() -> None:
+  """A padded conv (the input's view is masked) gets the output-row strip plus an output-channel upcast, and stays correct."""
+  from tiny.engine.schedule import create_schedule
+  from tiny.tensor import Tensor
+  xn, wn = np.random.default_rng(2).standard_normal((2, 4, 8, 8), np.float32), np.random.default_rng(3).standard_normal((16, 4, 3, 3), np.float32)
+  x, w = Tensor(xn, device="PYTHON").realize(), Tensor(wn, device="PYTHON").realize()
+  si = create_schedule([x.conv2d(w, padding=1).lazydata])[-1]
+  k = Kernel(si.ast, opts=_NoLocalRenderer())
+  ox_axis, cout_axis = k.first_reduce - 1, k.full_shape.index(16)
+  k.hand_coded_optimizations()
+  assert k.applied_opts == [Opt(OptOps.UPCAST, ox_axis, 8), Opt(OptOps.UPCAST, cout_axis, 8)], k.applied_opts
+  xp = np.pad(xn, ((0, 0), (0, 0), (1, 1), (1, 1)))
+  ref = sum(np.einsum("bchw,oc->bohw", xp[:, :, ky:ky + 8, kx:kx + 8], wn[:, :, ky, kx]) for ky in range(3) for kx in range(3))
+  inputs = [xn if si.bufs[i].nbytes == xn.nbytes else wn for i in (1, 2)]
+  np.testing.assert_allclose(run_kernel(k, inputs, (2, 16, 8, 8)), ref, rtol=1e-4, atol=1e-4)
