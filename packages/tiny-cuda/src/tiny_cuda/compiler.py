@@ -118,6 +118,13 @@ def default_arch() -> str:
   return normalize_arch(getenv("CUDA_ARCH", DEFAULT_ARCH))
 
 
+def arch_and_tensor_cores(arch: Optional[str]) -> Tuple[str, List[Any]]:
+  """The normalized target (default_arch() when None) and its tensor cores: mma.sync needs sm_80 or newer."""
+  from tiny.renderer import cuda_tensor_cores
+  target = normalize_arch(arch) if arch is not None else default_arch()
+  return target, (cuda_tensor_cores() if int(target[3:5]) >= 80 else [])
+
+
 class NVRTCCompiler(Compiler):
   """CUDA C -> CUBIN (or PTX with ptx=True) with NVRTC, for one GPU architecture. Works without a GPU or a driver."""
 

@@ -20,7 +20,7 @@ from tiny.codegen.uops import PatternMatcher, UOp, UOps, UPat
 from tiny.dtype import DType, PtrDType, dtypes
 from tiny.helpers import prod
 from tiny.ops import BinaryOps, TernaryOps, UnaryOps
-from tiny.renderer import Renderer, TensorCore, cuda_tensor_cores
+from tiny.renderer import Renderer, TensorCore
 from tiny.renderer.cstyle import RenderError
 
 F16 = (dtypes.float16, dtypes.bfloat16)
@@ -94,9 +94,9 @@ class PTXRenderer(Renderer):
   extra_matcher = ptx_matcher
 
   def __init__(self, arch: Optional[str] = None):
-    from tiny_cuda.compiler import default_arch, normalize_arch
-    self.arch = normalize_arch(arch) if arch is not None else default_arch()
-    self.tensor_cores: List[TensorCore] = cuda_tensor_cores() if int(self.arch[3:5]) >= 80 else []
+    from tiny_cuda.compiler import arch_and_tensor_cores
+    self.arch, tcs = arch_and_tensor_cores(arch)
+    self.tensor_cores: List[TensorCore] = tcs
 
   def __reduce__(self) -> Any:
     return (type(self), (self.arch,))
