@@ -294,3 +294,20 @@ def test_cpu_heuristic_upcasts_output_rows_and_channels_for_padded_conv() -> Non
   ref = sum(np.einsum("bchw,oc->bohw", xp[:, :, ky:ky + 8, kx:kx + 8], wn[:, :, ky, kx]) for ky in range(3) for kx in range(3))
   inputs = [xn if si.bufs[i].nbytes == xn.nbytes else wn for i in (1, 2)]
   np.testing.assert_allclose(run_kernel(k, inputs, (2, 16, 8, 8)), ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("op", ["sum", "max"])
+def test_cpu_heuristic_leaves_a_long_contiguous_sum_as_one_accumulator(op: str) -> None:
+  """Without local memory a long stride-1 SUM keeps a plain one-accumulator loop (the C/LLVM compiler vectorizes it); MAX still unrolls."""
+  from tiny.engine.schedule import create_schedule
+  from tiny.tensor import Tensor
+  xn = np.random.default_rng(4).standard_normal((64, 512), np.float32)
+  si = create_schedule([getattr(Tensor(xn, device="PYTHON").realize(), op)(1).lazydata])[-1]
+  k = Kernel(si.ast, opts=_NoLocalRenderer()).hand_coded_optimizations()
+  if op == "sum":
+    assert k.applied_opts == [] and k.upcasted == 0, k.applied_opts
+  else:
+    assert any(o.op is OptOps.UNROLL for o in k.applied_opts), k.applied_opts
+  np.testing.assert_allclose(run_kernel(k, [xn], (64,)), getattr(xn, op)(1), rtol=1e-4, atol=1e-4)
+  # a GPU-style renderer (with locals) is not affected: it still unrolls or groups the sum
+  assert Kernel(si.ast, opts=PythonRenderer()).hand_coded_optimizations().applied_opts

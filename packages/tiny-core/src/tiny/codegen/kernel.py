@@ -532,6 +532,16 @@ class Kernel:
       return bool(self.upcasted)
     return True
 
+  def _contiguous_reduce(self, axis: int) -> bool:
+    """Every input walks reduce `axis` unmasked, with stride 1 (or 0).
+
+    A CPU compiler vectorizes such a long reduce into one scalar accumulator by itself (the CLANG/LLVM renderers
+    license reassociating exactly those adds), using several vector accumulators. A 4-way UNROLL turns the body into a
+    float4 load plus a serial chain of scalar adds that blocks this, and upcasting the output axis gives several
+    scalar accumulators, which are not vectorized (sum of 2**24 floats on CLANG, 2 threads: ~6 -> ~35 GB/s)."""
+    ins = self.sts[1:len(self.bufs)]
+    return bool(ins) and all(isinstance(s := st.real_strides()[axis], int) and s in (0, 1) for st in ins)
+
   def hand_coded_optimizations(self) -> Kernel:
     """A fast heuristic: grouping for big reduces, upcasts along broadcast axes, small-reduce unrolls, local sizes."""
     self.required_optimizations()
@@ -594,6 +604,10 @@ class Kernel:
         upcasted_axis.add(xb_choices[0][2])
       else:
         break
+    # a long contiguous reduce on a CPU is left as a plain loop with one accumulator, which the compiler vectorizes
+    vector_reduce = not self.opts.has_local and self.upcasted == 0 and self.first_reduce < self.first_upcast and \
+        all(r.op is ReduceOps.SUM for r in self.reduceops) and \
+        _upper(self.full_shape[self.first_upcast - 1]) > 32 and self._contiguous_reduce(self.first_upcast - 1)
     # unroll small reduces (or the last 4 of one)
     if self.first_reduce < self.first_upcast and (prod(self.full_shape[self.first_upcast:]) <= 4 or
                                                    not any(r for _, _, r in self.upcasted_axis(self.full_buf_index))) and \
@@ -606,7 +620,7 @@ class Kernel:
             self.apply_opt(Opt(OptOps.UNROLL, len(self.full_unupcasted_shape) - 1 - self.first_reduce, 0))
         except KernelOptError:
           pass
-      else:
+      elif not vector_reduce:
         for splits in [4]:
           if isinstance(s, int) and s % splits == 0:
             try:
@@ -616,7 +630,7 @@ class Kernel:
             break
     # no upcast yet: upcast a contiguous output axis by 4
     if self.upcasted == 0 and self.first_reduce > 0 and _divides(4, self.full_shape[self.first_reduce - 1]) and \
-        _size_hint(self.sts[0].shape[:self.first_reduce]) >= 64:
+        _size_hint(self.sts[0].shape[:self.first_reduce]) >= 64 and not vector_reduce:
       try:
         self.apply_opt(Opt(OptOps.UPCAST, self.first_reduce - 1, 4))
       except KernelOptError:
