@@ -390,9 +390,6 @@ def pretty_print(x: Any, rep: Callable[[Any], Any], srcfn: Callable[[Any], Any] 
   return f"{' ' * d}{f'x{cx[0]}:=' * (cx[1] > 1)}{rep(x)}" % srcs
 
 
-def diskcache_key(*parts: Any) -> str:
-  """A stable hash of the parts, for disk-cache keys."""
-  return hashlib.sha256(repr(parts).encode()).hexdigest()
 
 
 

@@ -73,10 +73,9 @@ def apply_graph_to_jit(jit_cache: List[ExecItem], input_rawbuffers: List[Buffer]
     if len(batch) > 1 and batch_dev is not None and batch_dev.graph is not None:
       try:
         runner = batch_dev.graph(batch, input_rawbuffers, var_vals)
-        used = list(dict.fromkeys(b for ji in batch for b in ji.bufs if b is not None and any(b is x for x in input_rawbuffers)))
         graphed.append(ExecItem(runner, cast(List[Optional[Buffer]], list(input_rawbuffers))))
         if DEBUG >= 2:
-          print(f"JIT GRAPHing batch with {len(batch)} kernels on device {batch_dev} ({len(used)} changing buffers)")
+          print(f"JIT GRAPHing batch with {len(batch)} kernels on device {batch_dev}")
       except NotImplementedError as e:
         if DEBUG >= 2:
           print(f"JIT graph not used: {e}")

@@ -138,25 +138,17 @@ class BufferXfer(BufferCopy):
 # **************** kernels: optimize, compile, cache ****************
 
 def get_kernel(renderer: Renderer, ast: LazyOp) -> Any:
-  """The optimized Kernel for ast: hand-coded heuristics, or BEAM search when BEAM>=1 (never with NOOPT)."""
+  """The optimized Kernel for ast: hand-coded heuristics (which try tensor cores first), or BEAM search when BEAM>=1.
+
+  NOOPT keeps only the opts a kernel needs to be correct."""
   from tiny.codegen.kernel import Kernel
-  k = Kernel(ast, opts=renderer)
-  if hasattr(k, "required_optimizations"):
-    k.required_optimizations()
-  if not NOOPT:
-    used_tc = k.apply_tensor_cores(getenv("TC", 1)) if hasattr(k, "apply_tensor_cores") else False
-    if not used_tc:
-      k.hand_coded_optimizations()
-    if BEAM >= 1:
-      try:
-        from tiny.engine.search import beam_search, bufs_from_lin
-      except ImportError as e:
-        raise RuntimeError("BEAM search is not available in this tiny build (tiny.engine.search is missing)") from e
-      kb = Kernel(ast, opts=renderer)
-      if hasattr(kb, "required_optimizations"):
-        kb.required_optimizations()
-      k = beam_search(kb, bufs_from_lin(kb, allocate=False), BEAM.value, bool(getenv("BEAM_ESTIMATE", 1)))
-  return k
+  if NOOPT:
+    return Kernel(ast, opts=renderer).required_optimizations()
+  if BEAM >= 1:
+    from tiny.engine.search import beam_search, bufs_from_lin
+    kb = Kernel(ast, opts=renderer).required_optimizations()
+    return beam_search(kb, bufs_from_lin(kb, allocate=False), BEAM.value, bool(getenv("BEAM_ESTIMATE", 1)))
+  return Kernel(ast, opts=renderer).hand_coded_optimizations()
 
 
 # (device, ast, beam level, device-kind-only) -> runner. The kind-only entry lets CUDA:1 reuse CUDA:0's binary.
