@@ -15,6 +15,7 @@ half/bf16 results on any compiler (clang 14 has no x86 _Float16 arithmetic, gcc 
 """
 from __future__ import annotations
 
+import os
 import re
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple, cast
 
@@ -102,6 +103,18 @@ def _op_for(op: Any, fn: Callable[..., str]) -> Callable[..., str]:
   return render
 
 
+def host_simd_bytes() -> int:
+  """Width of the host's vector registers in bytes (64 with AVX-512, 32 with AVX, 16 otherwise); $SIMD_BYTES overrides."""
+  if (env := os.environ.get("SIMD_BYTES")):
+    return int(env)
+  try:
+    with open("/proc/cpuinfo") as f:
+      flags = next((line.split(":", 1)[1].split() for line in f if line.startswith(("flags", "Features"))), [])
+  except OSError:
+    flags = []
+  return 64 if "avx512f" in flags else 32 if "avx" in flags else 16
+
+
 class ClangRenderer(CStyleLanguage):
   """C for the CLANG device. No local memory or thread ids: global dims are loops, the runtime splits the outer one."""
 
@@ -120,6 +133,7 @@ class ClangRenderer(CStyleLanguage):
 
   def __init__(self) -> None:
     self._bitcast_srcs: List[DType] = []
+    self.simd_bytes = host_simd_bytes()
 
   # *** types ***
 

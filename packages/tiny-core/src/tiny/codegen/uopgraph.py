@@ -3,7 +3,8 @@
 Passes, in order (`UOpGraph.linearize`):
 1. symbolic folding + the expander (EXPAND/CONTRACT disappear, every lane becomes scalar uops),
 2. reduce lowering (REDUCE -> DEFINE_ACC + PHI) and folding again,
-3. decompositions the renderer needs (threefry, transcendental), vector load/store folding, the renderer's extra rules,
+3. decompositions the renderer needs (threefry, transcendental), vector load/store folding, re-vectorizing ALU lanes
+   (CPU renderers, `tiny.codegen.vectorize`), the renderer's extra rules,
 4. block-structured linearization (RANGE/ENDRANGE around exactly the uops that need the loop).
 """
 from __future__ import annotations
@@ -19,6 +20,7 @@ from tiny.dtype import DType, dtypes
 from tiny.helpers import DEBUG, TRANSCENDENTAL, dedup, flatten, prod
 from tiny.ops import BinaryOps, TernaryOps, UnaryOps, exec_alu
 from tiny.codegen.uops import UOp, UOps, UPat, PatternMatcher, graph_rewrite, uop_const_value
+from tiny.codegen.vectorize import vectorize_lanes
 
 INT_DTYPES = frozenset({dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64, dtypes.uint8, dtypes.uint16, dtypes.uint32, dtypes.uint64})
 
@@ -474,8 +476,12 @@ def _base_offset(idx: UOp) -> Tuple[UOp, int]:
 VECTOR_SIZES = (8, 4, 2)
 
 
-def _vector_sizes(dtype: DType) -> Tuple[int, ...]:
-  return (8, 4, 2) if dtype.scalar() in (dtypes.float16, dtypes.bfloat16) else (4, 2)
+def _vector_sizes(dtype: DType, simd_bytes: int = 0) -> Tuple[int, ...]:
+  if dtype.scalar() in (dtypes.float16, dtypes.bfloat16):
+    return (8, 4, 2)
+  # a renderer that re-vectorizes ALU ops (simd_bytes) takes loads and stores as wide as its registers
+  widest = max(4, simd_bytes // dtype.scalar().itemsize)
+  return tuple(s for s in (16, 8, 4, 2) if s <= widest)
 
 
 def fold_vector_memory(sink: UOp, opts: Any) -> UOp:
@@ -483,10 +489,11 @@ def fold_vector_memory(sink: UOp, opts: Any) -> UOp:
   if opts is None or not getattr(opts, "supports_float4", False):
     return sink
   # loads first: rewriting them rebuilds the stores that use them
-  return _fold_vector_memory(_fold_vector_memory(sink, UOps.LOAD), UOps.STORE)
+  simd = int(getattr(opts, "simd_bytes", 0) or 0)
+  return _fold_vector_memory(_fold_vector_memory(sink, UOps.LOAD, simd), UOps.STORE, simd)
 
 
-def _fold_vector_memory(sink: UOp, kind: UOps) -> UOp:
+def _fold_vector_memory(sink: UOp, kind: UOps, simd_bytes: int = 0) -> UOp:
   loads: Dict[Any, Dict[int, UOp]] = defaultdict(dict)
   stores: Dict[Any, Dict[int, UOp]] = defaultdict(dict)
   for u in all_nodes(sink):
@@ -507,7 +514,7 @@ def _fold_vector_memory(sink: UOp, kind: UOps) -> UOp:
       for off in sorted(by_off):
         if off in used:
           continue
-        for sz in _vector_sizes(elem):
+        for sz in _vector_sizes(elem, simd_bytes):
           offs = list(range(off, off + sz))
           if off % sz != 0 or any(o not in by_off or o in used for o in offs) or base.divides(sz) is None:
             continue
@@ -791,6 +798,7 @@ class UOpGraph:
     if (tm := transcendental_matcher(self.opts)) is not None:
       sink = graph_rewrite(sink, tm + PatternMatcher(symbolic_rules))
     sink = fold_vector_memory(sink, self.opts)
+    sink = vectorize_lanes(sink, self.opts)
     if (em := getattr(self.opts, "extra_matcher", None)) is not None:
       sink = graph_rewrite(sink, em + PatternMatcher(symbolic_rules))
     if extra_pm is not None:

@@ -188,6 +188,8 @@ class Renderer:
   suffix: str = ""
   # TODO: make this generic with a list of supported vector sizes
   supports_float4: bool = True
+  # widest SIMD register in bytes: > 0 makes the codegen fold loads/stores that wide and re-pack scalar lanes into vector ALU ops
+  simd_bytes: int = 0
   has_local: bool = True
   has_shared: bool = True
   # SPECIAL indices are int32, so the launch grid stays below 2**31 per dim

@@ -315,6 +315,8 @@ class CStyleLanguage(Renderer):
           base = ssa("vec")
           emit(f"{self.render_dtype(cast('DType', src[0].dtype))} {base} = {r[src[0]]};")
         r[u] = self.render_gep(base, arg, cast("DType", src[0].dtype))
+        if src[0] in mutable:
+          mutable.add(u)
       else:
         raise RenderError(f"{type(self).__name__} cannot render {op}")
 
