@@ -93,3 +93,51 @@ def test_jit_replays_through_cpu_graph(dev: str) -> None:
     np.testing.assert_allclose(out, (np.maximum(xs @ w.numpy(), 0) + 1).sum(1), rtol=1e-4, atol=1e-4)
   graphs = [ji.prg for ji in step.jit_cache if isinstance(ji.prg, CPUGraph)]
   assert len(graphs) == 1 and len(graphs[0].jit_cache) >= 2, [type(ji.prg).__name__ for ji in step.jit_cache]
+
+
+def _matmul_source(dev: str, a: Tensor, b: Tensor) -> str:
+  from tiny.engine.realize import get_kernel
+  from tiny.registry import Device
+  si = (a @ b).schedule()[-1]
+  return get_kernel(Device[dev].renderer, si.ast).to_program().src
+
+
+def test_matmul_register_tile_is_vector_code(dev: str) -> None:
+  """The CPU heuristic's matmul tile accumulates in vectors as wide as the host's SIMD registers (the C/LLVM source says so)."""
+  from tiny_clang.renderer import host_simd_bytes
+  lanes = host_simd_bytes() // 4
+  a, b = rng.standard_normal((64, 96)).astype(np.float32), rng.standard_normal((96, 128)).astype(np.float32)
+  src = _matmul_source(dev, Tensor(a, device=dev), Tensor(b, device=dev))  # (scheduling only: these inputs are never loaded)
+  ta, tb = Tensor(a, device=dev), Tensor(b, device=dev)
+  if dev == "CLANG":
+    assert f"tiny_float{lanes} acc0 = " in src and "float acc0 = " not in src, src[:2000]
+  else:
+    assert f"alloca <{lanes} x float>" in src and f"fmul contract <{lanes} x float>" in src, src[:2000]
+  np.testing.assert_allclose((ta @ tb).numpy(), a @ b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("case", ["batched", "bias_relu", "odd", "transposed_b", "int32", "float64", "narrow"])
+def test_matmul_variants(dev: str, case: str) -> None:
+  """Shapes and epilogues around the vectorized matmul tile, against numpy."""
+  if case == "batched":
+    a, b = rng.standard_normal((3, 40, 48)).astype(np.float32), rng.standard_normal((3, 48, 64)).astype(np.float32)
+    np.testing.assert_allclose((Tensor(a, device=dev) @ Tensor(b, device=dev)).numpy(), a @ b, rtol=1e-4, atol=1e-4)
+  elif case == "bias_relu":
+    a, b, c = (rng.standard_normal(s).astype(np.float32) for s in ((32, 80), (80, 96), (96,)))
+    out = (Tensor(a, device=dev) @ Tensor(b, device=dev) + Tensor(c, device=dev)).relu().numpy()
+    np.testing.assert_allclose(out, np.maximum(a @ b + c, 0), rtol=1e-4, atol=1e-4)
+  elif case == "odd":
+    a, b = rng.standard_normal((33, 17)).astype(np.float32), rng.standard_normal((17, 45)).astype(np.float32)
+    np.testing.assert_allclose((Tensor(a, device=dev) @ Tensor(b, device=dev)).numpy(), a @ b, rtol=1e-4, atol=1e-4)
+  elif case == "transposed_b":
+    a, b = rng.standard_normal((48, 64)).astype(np.float32), rng.standard_normal((96, 64)).astype(np.float32)
+    np.testing.assert_allclose((Tensor(a, device=dev) @ Tensor(b, device=dev).T).numpy(), a @ b.T, rtol=1e-4, atol=1e-4)
+  elif case == "int32":
+    a, b = rng.integers(-9, 9, (16, 24)).astype(np.int32), rng.integers(-9, 9, (24, 64)).astype(np.int32)
+    np.testing.assert_equal((Tensor(a, device=dev) @ Tensor(b, device=dev)).numpy(), a @ b)
+  elif case == "float64":
+    a, b = rng.standard_normal((16, 24)), rng.standard_normal((24, 32))
+    np.testing.assert_allclose((Tensor(a, device=dev) @ Tensor(b, device=dev)).numpy(), a @ b, rtol=1e-10)
+  else:  # an output narrower than a vector: two rows share one vector store
+    a, b = rng.standard_normal((64, 40)).astype(np.float32), rng.standard_normal((40, 8)).astype(np.float32)
+    np.testing.assert_allclose((Tensor(a, device=dev) @ Tensor(b, device=dev)).numpy(), a @ b, rtol=1e-4, atol=1e-4)

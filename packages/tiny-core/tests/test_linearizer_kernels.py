@@ -120,6 +120,7 @@ def check_case(name: str, opts: Sequence[Opt], renderer=None) -> Kernel:
 
 def candidate_opts(k: Kernel) -> List[Opt]:
   ret = [Opt(OptOps.NOLOCALS)]
+  ret += [Opt(OptOps.SWAP, a, b) for a in range(k.shape_len) for b in range(a + 1, k.shape_len)]
   for op in (OptOps.UPCAST, OptOps.UNROLL, OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP, OptOps.PADTO):
     for axis in range(k.shape_len):
       for amt in ((0, 2, 3, 4) if op is not OptOps.PADTO else (4, 8)):
@@ -311,3 +312,85 @@ def test_cpu_heuristic_leaves_a_long_contiguous_sum_as_one_accumulator(op: str) 
   np.testing.assert_allclose(run_kernel(k, [xn], (64,)), getattr(xn, op)(1), rtol=1e-4, atol=1e-4)
   # a GPU-style renderer (with locals) is not affected: it still unrolls or groups the sum
   assert Kernel(si.ast, opts=PythonRenderer()).hand_coded_optimizations().applied_opts
+
+
+# *** re-vectorizing lanes (Renderer.simd_bytes) and the SWAP opt ***
+
+class _SimdRenderer(_NoLocalRenderer):
+  """A loop-based renderer that asks for 64-byte vector ALU ops (the PYTHON device runs vector uops lane by lane)."""
+  supports_float4 = True
+  simd_bytes = 64
+
+
+def _vector_alu_ops(k: Kernel) -> List[str]:
+  assert k.uops is not None
+  return [f"{u.op.name}:{u.arg.name if u.op.name == 'ALU' else ''}" for u in k.uops.uops
+          if u.op.name in ("ALU", "PHI", "DEFINE_ACC") and u.dtype is not None and u.dtype.count > 1]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_simd_renderer_keeps_every_case_correct(name: str) -> None:
+  check_case(name, [])
+  ast = CASES[name][0]
+  k = Kernel(ast, opts=_SimdRenderer()).hand_coded_optimizations()
+  np.testing.assert_allclose(run_kernel(k, CASES[name][1], CASES[name][2].shape), CASES[name][2], rtol=1e-4, atol=1e-4,
+                             err_msg=f"{name} with {k.applied_opts}")
+
+
+def test_simd_matmul_accumulates_in_vectors() -> None:
+  # the 4 columns of an output row are one vector, fed by a broadcast of A and a vector load of B
+  k = check_case("matmul", [Opt(OptOps.UPCAST, 1, 4)], renderer=_SimdRenderer())
+  ops = _vector_alu_ops(k)
+  assert ops.count("DEFINE_ACC:") == 1 and ops.count("PHI:") == 1, ops
+  assert "ALU:MUL" in ops and "ALU:ADD" in ops, ops
+  scalar_accs = [u for u in k.uops.uops if u.op.name == "DEFINE_ACC" and u.dtype is not None and u.dtype.count == 1]
+  assert not scalar_accs
+
+
+def test_without_simd_bytes_lanes_stay_scalar() -> None:
+  k = check_case("matmul", [Opt(OptOps.UPCAST, 1, 4), Opt(OptOps.UPCAST, 0, 2)], renderer=_NoLocalRenderer())
+  assert not _vector_alu_ops(k)
+
+
+def test_simd_lanes_read_by_scalar_code_come_from_the_vector() -> None:
+  # relu after a vectorized reduce: MAX lanes are packed too (rendered lane by lane), the result still matches
+  ma, mb = CASES["matmul"][1]
+  sa = ST.from_shape((8, 12)).reshape((8, 1, 12)).expand((8, 4, 12))
+  smb = ST.from_shape((12, 4)).permute((1, 0)).reshape((1, 4, 12)).expand((8, 4, 12))
+  mm = e(ReduceOps.SUM, e(BinaryOps.MUL, ld(1, sa), ld(2, smb)), arg=(2,))
+  ast = kernel(e(BinaryOps.MAX, e(BinaryOps.ADD, mm, const(-3.0, ST.from_shape((8, 4, 1)))), const(0.0, ST.from_shape((8, 4, 1)))), (8, 4, 1))
+  k = Kernel(ast, opts=_SimdRenderer())
+  k.apply_opts([Opt(OptOps.UPCAST, 1, 4)])
+  out = run_kernel(k, [ma - 0.5, mb], (8, 4, 1))
+  np.testing.assert_allclose(out[:, :, 0], np.maximum((ma - 0.5) @ mb - 3.0, 0), rtol=1e-4, atol=1e-4)
+  assert "PHI:" in _vector_alu_ops(k)
+
+
+def test_swap_reorders_global_loops_and_keeps_results() -> None:
+  k = check_case("matmul", [Opt(OptOps.UPCAST, 1, 2), Opt(OptOps.SWAP, 0, 1)], renderer=_NoLocalRenderer())
+  assert k.full_shape[:2] == (2, 8), k.full_shape
+  check_case("conv", [Opt(OptOps.SWAP, 0, 2)], renderer=_NoLocalRenderer())
+
+
+@pytest.mark.parametrize("opt", [Opt(OptOps.SWAP, 1, 1), Opt(OptOps.SWAP, 1, 0), Opt(OptOps.SWAP, 0, 2), Opt(OptOps.SWAP, 0, None)])
+def test_swap_rejects_anything_but_two_global_axes(opt: Opt) -> None:
+  k = Kernel(CASES["matmul"][0], opts=_NoLocalRenderer())   # (8, 4, 12): two global axes and the reduce
+  with pytest.raises(KernelOptError):
+    k.apply_opt(opt)
+  assert k.full_shape == (8, 4, 12) and not k.applied_opts
+
+
+def test_cpu_heuristic_register_tile_with_simd() -> None:
+  """With simd_bytes the matmul heuristic builds rows x 2 vectors of accumulators, puts column blocks outermost, stays correct."""
+  from tiny.engine.schedule import create_schedule
+  from tiny.tensor import Tensor
+  an, bn = np.random.default_rng(4).standard_normal((32, 24), np.float32), np.random.default_rng(5).standard_normal((24, 64), np.float32)
+  a, b = Tensor(an, device="PYTHON").realize(), Tensor(bn, device="PYTHON").realize()
+  si = create_schedule([(a @ b).lazydata])[-1]
+  k = Kernel(si.ast, opts=_SimdRenderer()).hand_coded_optimizations()
+  assert prod(k.full_shape[k.shape_len - k.upcasted:]) == 8 * 32, k.applied_opts
+  assert k.applied_opts[-1].op is OptOps.SWAP, k.applied_opts
+  inputs = [an if si.bufs[i].nbytes == an.nbytes else bn for i in (1, 2)]
+  out = run_kernel(k, inputs, (32, 64))
+  np.testing.assert_allclose(out.reshape(32, 64), an @ bn, rtol=1e-4, atol=1e-4)
+  assert _vector_alu_ops(k).count("DEFINE_ACC:") == 16

@@ -18,13 +18,18 @@ from tiny.helpers import to_function_name
 from tiny.ops import BinaryOps, TernaryOps, UnaryOps
 from tiny.renderer import Renderer
 
-from tiny_clang.renderer import _loop_structure, _only_through
+from tiny_clang.renderer import _loop_structure, _only_through, host_simd_bytes
 
 _SCALAR = {dtypes.bool: "i1", dtypes.int8: "i8", dtypes.uint8: "i8", dtypes.int16: "i16", dtypes.uint16: "i16", dtypes.int32: "i32",
            dtypes.uint32: "i32", dtypes.int64: "i64", dtypes.uint64: "i64", dtypes.float16: "half", dtypes.bfloat16: "bfloat",
            dtypes.float32: "float", dtypes.float64: "double"}
 _INTR = {UnaryOps.SQRT: "sqrt", UnaryOps.EXP2: "exp2", UnaryOps.LOG2: "log2", UnaryOps.SIN: "sin"}
 _F16 = (dtypes.float16, dtypes.bfloat16)
+
+
+def _vconst(c: str, lt: str, n: int) -> str:
+  """A vector constant with every lane c, written without a type prefix (it follows the type, as every operand does)."""
+  return "<" + ", ".join([f"{lt} {c}"] * n) + ">"
 
 
 class LLVMRenderError(RuntimeError):
@@ -97,6 +102,9 @@ class LLVMRenderer(Renderer):
   # the ops this renderer spells natively (kernel opts and rewrites look at the keys)
   code_for_op = {op: (lambda *a: "") for op in (*UnaryOps, *BinaryOps, *TernaryOps) if op not in (UnaryOps.CAST, UnaryOps.BITCAST)}
 
+  def __init__(self) -> None:
+    self.simd_bytes = host_simd_bytes()
+
   def render(self, name: str, uops: List[UOp]) -> str:
     return _Builder(to_function_name(name), list(uops)).build()
 
@@ -168,7 +176,7 @@ class _Builder:
     lf, lt = ltype(frm), ltype(to)
     if t == dtypes.bool:
       zero = lconst(0, f)
-      zv = f"<{n} x {ltype(f)}> splat ({ltype(f)} {zero})" if n > 1 else zero
+      zv = _vconst(zero, ltype(f), n) if n > 1 else zero
       return self.ins(f"fcmp une {lf} {v}, {zv}" if dtypes.is_float(f) else f"icmp ne {lf} {v}, {zv}")
     if dtypes.is_float(f) and dtypes.is_float(t):
       f32 = dtypes.float32.vec(n) if n > 1 else dtypes.float32
@@ -193,7 +201,7 @@ class _Builder:
     return f"<{n} x i{bits}>" if n > 1 else f"i{bits}"
 
   def _icon(self, x: int, n: int) -> str:
-    return f"<{n} x i32> splat (i32 {x})" if n > 1 else str(x)
+    return _vconst(str(x), "i32", n) if n > 1 else str(x)
 
   def bf16_to_f32(self, v: str, n: int) -> str:
     """bfloat16 -> float with integer ops (exact: the 16 bits become the top half of the float)."""
@@ -304,7 +312,7 @@ class _Builder:
 
   def const_of(self, x: Any, dt: DType) -> str:
     c = lconst(x, dt.scalar())
-    return f"<{dt.count} x {ltype(dt.scalar())}> splat ({ltype(dt.scalar())} {c})" if dt.count > 1 else c
+    return _vconst(c, ltype(dt.scalar()), dt.count) if dt.count > 1 else c
 
   # *** memory ***
 

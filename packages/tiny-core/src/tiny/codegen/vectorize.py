@@ -53,12 +53,13 @@ class _Packer:
         all(x.op is UOps.GEP and x.src[0] is v and x.arg == i for i, x in enumerate(lanes)):
       return v, True
     dt = first.dtype
-    if not _lane_dtype_ok(dt) or any(x.op is not first.op or x.dtype != dt or (x.arg != first.arg and x.op is not UOps.DEFINE_ACC) or len(x.src) != len(first.src)
-                                     for x in lanes):
+    def alike(x: UOp) -> bool:  # a DEFINE_ACC's arg is each accumulator's own number
+      return x.op is first.op and x.dtype == dt and (x.arg == first.arg or x.op is UOps.DEFINE_ACC) and len(x.src) == len(first.src)
+    if not _lane_dtype_ok(dt) or not all(alike(x) for x in lanes):
       return self._gather(lanes)
     assert dt is not None
     vdt = dt.vec(n)
-    if first.op is UOps.DEFINE_ACC:  # arg is each accumulator's own number
+    if first.op is UOps.DEFINE_ACC:
       init = first.src[0]
       if init.op is not UOps.CONST or any(x.src[0].op is not UOps.CONST or x.src[0].arg != init.arg or x.src[1:] != first.src[1:]
                                           for x in lanes):

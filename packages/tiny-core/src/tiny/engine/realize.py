@@ -147,7 +147,8 @@ def get_kernel(renderer: Renderer, ast: LazyOp) -> Any:
   if BEAM >= 1:
     from tiny.engine.search import beam_search, bufs_from_lin
     kb = Kernel(ast, opts=renderer).required_optimizations()
-    return beam_search(kb, bufs_from_lin(kb, allocate=False), BEAM.value, bool(getenv("BEAM_ESTIMATE", 1)))
+    hc = Kernel(ast, opts=renderer).hand_coded_optimizations()
+    return beam_search(kb, bufs_from_lin(kb, allocate=False), BEAM.value, bool(getenv("BEAM_ESTIMATE", 1)), starts=[hc])
   return Kernel(ast, opts=renderer).hand_coded_optimizations()
 
 
