@@ -95,6 +95,28 @@ def test_outputs_do_not_alias_between_calls():
     np.testing.assert_allclose(o.numpy(), [3.0 * i, 3.0])
 
 
+def test_discarded_outputs_are_reused_without_the_garbage_collector():
+  """A replay's output buffer goes back to the allocator as soon as the caller drops it (no reference cycle holds it)."""
+  import gc
+  from tiny.registry import Device
+  x = Tensor(np.arange(4096, dtype=np.float32)).realize()
+  jf = TinyJit(lambda: (x * 2 + 1).realize())
+  for _ in range(3):
+    jf()
+  alloc = Device[x.device].allocator
+  gc.collect()
+  gc.disable()
+  try:
+    before = alloc.allocs
+    for _ in range(5):
+      jf()
+    after = alloc.allocs
+  finally:
+    gc.enable()
+  assert after - before <= 1, f"{after - before} new allocations for 5 replays whose outputs were dropped"
+  np.testing.assert_allclose(jf().numpy(), np.arange(4096, dtype=np.float32) * 2 + 1)
+
+
 def test_wrong_shape_dtype_and_count_raise():
   jf = TinyJit(lambda a: (a + 1).realize())
   for _ in range(3):

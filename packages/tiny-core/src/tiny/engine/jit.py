@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from typing import Any, Callable, Dict, Generic, List, Optional, Sequence, Set, Tuple, TypeVar, Union, cast
+from typing import Any, Callable, Dict, Generic, Iterator, List, Optional, Sequence, Set, Tuple, TypeVar, Union, cast
 
 from tiny.device import Buffer, Compiled
 from tiny.dtype import DType
@@ -274,29 +274,30 @@ class TinyJit(Generic[ReturnType]):
 
   def _rebuild(self, fresh: List[Buffer]) -> Any:
     """The captured return structure, with each output Tensor now backed by this call's buffers."""
+    swap = {id(old): new for old, new in zip(self.out_bufs, fresh)}
+    return self._rebuild_value(self.out_template, swap, itertools.count())
+
+  def _rebuild_value(self, x: Any, swap: Dict[int, Buffer], counter: Iterator[int]) -> Any:
+    # a method, not a recursive closure: a closure that refers to itself is a reference cycle, which would keep every
+    # call's output buffers alive until the garbage collector runs (and the next call could not reuse them)
     from tiny.lazy import LazyBuffer, create_lazybuffer
     from tiny.ops import MetaOps
     from tiny.tensor import Tensor
-    swap = {id(old): new for old, new in zip(self.out_bufs, fresh)}
-    counter = itertools.count()
-
-    def rebuild(x: Any) -> Any:
-      if isinstance(x, Tensor):
-        lb = self.out_lbs[next(counter)]
-        buf = lb.base.realized
-        if buf is None or id(buf) not in swap:
-          return x  # an input or a preexisting buffer: it is what it was
-        nb = swap[id(buf)]
-        base = LazyBuffer(lb.device, lb.base.st, lb.base.dtype, MetaOps.EMPTY)
-        base.buffer = nb
-        del base.srcs
-        view = base if lb.base is lb else create_lazybuffer(lb.device, lb.st, lb.dtype, base=base, enable_cache=False)
-        return Tensor(view, device=lb.device, requires_grad=False)
-      if isinstance(x, tuple):
-        return tuple(rebuild(v) for v in x)
-      if isinstance(x, list):
-        return [rebuild(v) for v in x]
-      if isinstance(x, dict):
-        return {k: rebuild(x[k]) for k in x}
-      return x
-    return rebuild(self.out_template)
+    if isinstance(x, Tensor):
+      lb = self.out_lbs[next(counter)]
+      buf = lb.base.realized
+      if buf is None or id(buf) not in swap:
+        return x  # an input or a preexisting buffer: it is what it was
+      nb = swap[id(buf)]
+      base = LazyBuffer(lb.device, lb.base.st, lb.base.dtype, MetaOps.EMPTY)
+      base.buffer = nb
+      del base.srcs
+      view = base if lb.base is lb else create_lazybuffer(lb.device, lb.st, lb.dtype, base=base, enable_cache=False)
+      return Tensor(view, device=lb.device, requires_grad=False)
+    if isinstance(x, tuple):
+      return tuple(self._rebuild_value(v, swap, counter) for v in x)
+    if isinstance(x, list):
+      return [self._rebuild_value(v, swap, counter) for v in x]
+    if isinstance(x, dict):
+      return {k: self._rebuild_value(x[k], swap, counter) for k in x}
+    return x
