@@ -394,3 +394,16 @@ def test_cpu_heuristic_register_tile_with_simd() -> None:
   out = run_kernel(k, inputs, (32, 64))
   np.testing.assert_allclose(out.reshape(32, 64), an @ bn, rtol=1e-4, atol=1e-4)
   assert _vector_alu_ops(k).count("DEFINE_ACC:") == 16
+
+
+@pytest.mark.parametrize("cols", [512, 48, 20])
+def test_cpu_heuristic_column_reduce_upcasts_the_contiguous_output_axis(cols: int) -> None:
+  """x.sum(0) with simd_bytes: the output axis that the input reads with stride 1 becomes a strip of vector accumulators."""
+  x = rng.random((24, cols), dtype=np.float32) - 0.5
+  s = ST.from_shape((24, cols))
+  ast = kernel(e(ReduceOps.SUM, ld(1, s), arg=(0,)), (1, cols))
+  k = Kernel(ast, opts=_SimdRenderer()).hand_coded_optimizations()
+  want = next(w for w in (256, 128, 64, 32, 16, 8, 4) if cols % w == 0)
+  assert prod(k.full_shape[k.shape_len - k.upcasted:]) == want, k.applied_opts
+  np.testing.assert_allclose(run_kernel(k, [x], (1, cols)), x.sum(0, keepdims=True), rtol=1e-4, atol=1e-4)
+  assert k.uops is not None and any(u.op.name == "DEFINE_ACC" and u.dtype is not None and u.dtype.count == 16 for u in k.uops.uops) == (want >= 16)

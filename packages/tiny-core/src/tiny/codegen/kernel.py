@@ -556,6 +556,36 @@ class Kernel:
       return bool(self.upcasted)
     return True
 
+  def _cpu_column_reduce(self) -> bool:
+    """CPU reduce over a strided axis (`x.sum(0)`): upcast the output axis that every input reads with stride 1 to a
+    vector-register strip (True when applied). Each reduce step then loads whole vectors and adds them into vector
+    accumulators, instead of one strided scalar per output (4096² sum(0) on CLANG: ~1.3 -> ~60 GB/s)."""
+    lanes = int(getattr(self.opts, "simd_bytes", 0)) // self.bufs[0].dtype.itemsize
+    if lanes <= 1 or self.reduceop is None or self.first_reduce == 0 or self.upcasted or not all_int(self.full_shape):
+      return False
+    axis = self.first_reduce - 1
+    sts = [st.real_strides() for st in self.sts[:len(self.bufs)]]
+    moving = [s for s in sts[1:] if s[axis] != 0]
+    if sts[0][axis] != 1 or not moving or any(s[axis] != 1 for s in moving):
+      return False
+    # a reduce that some input walks with stride 1 is a row reduce: the vectorizable single-accumulator loop handles it
+    if any(s[r] == 1 for s in moving for r in range(self.first_reduce, self.first_upcast)):
+      return False
+    # as many vector accumulators as half the register file: each pass over the reduce axis touches one page per row,
+    # so wider strips mean fewer passes (4096² sum(0): 2 vectors ~20 GB/s, 8 ~48, 16 ~63)
+    vecs = 16 if lanes * self.bufs[0].dtype.itemsize >= 64 else 8
+    width = next((w for w in (vecs * lanes, 8 * lanes, 4 * lanes, 2 * lanes, lanes, 8, 4) if self.full_shape[axis] % w == 0), None)
+    if width is None:
+      return False
+    try:
+      while width > 1:
+        step = min(width, 16)
+        self.apply_opt(Opt(OptOps.UPCAST, axis, step))
+        width //= step
+    except KernelOptError:
+      return bool(self.upcasted)
+    return True
+
   def _contiguous_reduce(self, axis: int) -> bool:
     """Every input walks reduce `axis` unmasked, with stride 1 (or 0).
 
@@ -606,7 +636,7 @@ class Kernel:
               pass
     if self.group_for_reduces:
       return self
-    if not self.opts.has_local and self._cpu_output_strip():
+    if not self.opts.has_local and (self._cpu_output_strip() or self._cpu_column_reduce()):
       return self
     # upcast along axes some buffer broadcasts over (reuse), until 32 values per thread
     upcasted_axis = set()
