@@ -141,3 +141,13 @@ def test_matmul_variants(dev: str, case: str) -> None:
   else:  # an output narrower than a vector: two rows share one vector store
     a, b = rng.standard_normal((64, 40)).astype(np.float32), rng.standard_normal((40, 8)).astype(np.float32)
     np.testing.assert_allclose((Tensor(a, device=dev) @ Tensor(b, device=dev)).numpy(), a @ b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("npdt", [np.float32, np.float64])
+def test_row_max_with_nan_and_inf_matches_numpy(dev: str, npdt: Any) -> None:
+  """Row maxes run as vector accumulators (a vector compare-and-blend on CLANG): NaN wins, infinities and all -inf rows
+  come out as numpy says."""
+  x = (rng.random((32, 512)) - 0.5).astype(npdt)
+  x[3, 17], x[5, 100], x[7, :], x[9, 300], x[9, 301] = np.nan, np.inf, -np.inf, np.nan, np.inf
+  np.testing.assert_array_equal(Tensor(x, device=dev).max(1).numpy(), x.max(1))
+  np.testing.assert_array_equal(Tensor(x, device=dev).max(0).numpy(), x.max(0))

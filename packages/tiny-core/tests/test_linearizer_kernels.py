@@ -407,3 +407,27 @@ def test_cpu_heuristic_column_reduce_upcasts_the_contiguous_output_axis(cols: in
   assert prod(k.full_shape[k.shape_len - k.upcasted:]) == want, k.applied_opts
   np.testing.assert_allclose(run_kernel(k, [x], (1, cols)), x.sum(0, keepdims=True), rtol=1e-4, atol=1e-4)
   assert k.uops is not None and any(u.op.name == "DEFINE_ACC" and u.dtype is not None and u.dtype.count == 16 for u in k.uops.uops) == (want >= 16)
+
+
+@pytest.mark.parametrize("op", [ReduceOps.MAX, ReduceOps.SUM])
+def test_simd_unrolled_row_reduce_keeps_a_vector_accumulator(op: ReduceOps) -> None:
+  """A row reduce unrolled by 16 accumulates 16 lanes in one vector and reduces them once after the loop; NaN and inf
+  lanes give numpy's answer."""
+  x = rng.random((6, 64), dtype=np.float32) - 0.5
+  x[1, 5], x[2, 40], x[3, :] = np.nan, np.inf, -np.inf
+  s = ST.from_shape((6, 64))
+  k = Kernel(kernel(e(op, ld(1, s), arg=(1,)), (6, 1)), opts=_SimdRenderer())
+  k.apply_opt(Opt(OptOps.UNROLL, 0, 16))
+  out = run_kernel(k, [x], (6, 1))
+  ref = (x.max if op is ReduceOps.MAX else x.sum)(1, keepdims=True)
+  np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+  accs = [u for u in k.uops.uops if u.op.name == "DEFINE_ACC"]
+  assert len(accs) == 1 and accs[0].dtype is not None and accs[0].dtype.count == 16
+
+
+def test_cpu_heuristic_unrolls_a_row_max_by_one_vector() -> None:
+  x = rng.random((8, 256), dtype=np.float32)
+  ast = kernel(e(ReduceOps.MAX, ld(1, ST.from_shape((8, 256))), arg=(1,)), (8, 1))
+  k = Kernel(ast, opts=_SimdRenderer()).hand_coded_optimizations()
+  assert Opt(OptOps.UNROLL, 0, 16) in k.applied_opts, k.applied_opts
+  np.testing.assert_allclose(run_kernel(k, [x], (8, 1)), x.max(1, keepdims=True))

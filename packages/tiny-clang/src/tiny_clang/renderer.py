@@ -74,6 +74,8 @@ def _max(a: str, b: str, dtype: DType) -> str:
 
 
 _VECTOR_NATIVE = {BinaryOps.ADD: "+", BinaryOps.MUL: "*"}
+# the integer lanes a float vector's comparison mask has (and that vector MAX blends through)
+_MASK_INT = {dtypes.float32: dtypes.int32, dtypes.float64: dtypes.int64}
 
 _BASE_OPS: Dict[Any, Callable[..., str]] = {
   **CStyleLanguage.code_for_op,
@@ -94,6 +96,11 @@ def _op_for(op: Any, fn: Callable[..., str]) -> Callable[..., str]:
       scalar = dtype.scalar()
       if op in _VECTOR_NATIVE and _f16kind(dtype) is None and scalar != dtypes.bool:
         return f"({xs[0]}{_VECTOR_NATIVE[op]}{xs[1]})"
+      if op is BinaryOps.MAX and scalar in (dtypes.float32, dtypes.float64):
+        # a lane mask and a bitwise select: one vector compare + blend instead of a scalar select per lane
+        iv = ClangRenderer.vector_name(_MASK_INT[scalar], dtype.count)
+        return (f"({{ __typeof__({xs[0]}) _a = {xs[0]}, _b = {xs[1]}; {iv} _m = ({iv})((_a >= _b) | (_a != _a)); "
+                f"(__typeof__(_a))((({iv})_a & _m) | (({iv})_b & ~_m)); }})")
       # one lane at a time; operands are pure expressions, so repeating them is safe (the compiler CSEs them)
       lanes = [render(*[f"({x})[{i}]" for x in xs], scalar) for i in range(dtype.count)]
       return f"(({ClangRenderer.vector_name(scalar, dtype.count)}){{{','.join(lanes)}}})"
@@ -254,6 +261,10 @@ class ClangRenderer(CStyleLanguage):
           reg = "float" if _f16kind(s) is not None else "signed char" if s == dtypes.int8 else s.name
           size = 4 if _f16kind(s) is not None else s.itemsize
           vecs[self.vector_name(s, base.count)] = (f"{reg} __attribute__((vector_size({size * base.count}), aligned({size})))", base.count)
+      if u.op is UOps.ALU and u.arg is BinaryOps.MAX and u.dtype is not None and u.dtype.count > 1 and u.dtype.scalar() in _MASK_INT:
+        m = _MASK_INT[u.dtype.scalar()]
+        vecs[self.vector_name(m, u.dtype.count)] = (f"{m.name} __attribute__((vector_size({m.itemsize * u.dtype.count}), aligned({m.itemsize})))",
+                                                    u.dtype.count)
     out = [HALF_PRELUDE] if "half" in kinds else []
     out += [BF16_PRELUDE] if "bf16" in kinds else []
     # element alignment only: a vector may start at any element of a buffer (views, odd offsets)

@@ -675,7 +675,11 @@ class Kernel:
         except KernelOptError:
           pass
       elif not vector_reduce:
-        for splits in [4]:
+        # on a SIMD CPU a long contiguous reduce unrolls by one vector: the codegen keeps those lanes in a vector accumulator
+        lanes = int(getattr(self.opts, "simd_bytes", 0)) // self.bufs[0].dtype.itemsize
+        lane_reduce = not self.opts.has_local and lanes > 1 and self.upcasted == 0 and isinstance(s, int) and s % lanes == 0 and \
+            self._contiguous_reduce(self.first_upcast - 1)
+        for splits in ([lanes] if lane_reduce else [4]):
           if isinstance(s, int) and s % splits == 0:
             try:
               self.apply_opt(Opt(OptOps.UNROLL, len(self.full_unupcasted_shape) - 1 - self.first_reduce, splits))

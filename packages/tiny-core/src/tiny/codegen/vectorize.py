@@ -9,15 +9,18 @@ column of lanes bottom-up: lanes that read one vector in order become that vecto
 lanes that are the same ALU/accumulator op become one vector op over packed operands. Packing stops (the lanes stay
 scalar and are gathered) where it would not pay: an op whose every operand would have to be gathered.
 
+Unrolled reduce lanes that feed one scalar accumulator (a row max unrolled by 16) become a vector accumulator with a
+horizontal reduce after the loop, so the loop body is one vector op instead of a serial chain of 16 scalar ones.
+
 A renderer opts in with `Renderer.simd_bytes` (the widest vector register; 0 keeps everything scalar).
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from tiny.codegen.uops import UOp, UOps
 from tiny.dtype import DType, dtypes
-from tiny.ops import TernaryOps
+from tiny.ops import BinaryOps, TernaryOps
 
 
 def _lane_dtype_ok(dt: Optional[DType]) -> bool:
@@ -84,8 +87,61 @@ class _Packer:
     return vec, True
 
 
+def _op_leaves(u: UOp, op: Any) -> List[UOp]:
+  """The operands of a tree of `op` ALUs rooted at u (u itself when it is not such an ALU)."""
+  if u.op is UOps.ALU and u.arg is op and u.dtype == u.src[0].dtype:
+    return [x for s in u.src for x in _op_leaves(s, op)]
+  return [u]
+
+
+def _first_gep(u: UOp) -> Tuple[int, ...]:
+  # sort key: the lane a leaf reads (GEP index of the first GEP found depth-first), so leaves line up with their vector
+  if u.op is UOps.GEP:
+    return (u.arg,)
+  return next((k for s in u.src if (k := _first_gep(s))), ())
+
+
+def _reduce_tree(op: Any, xs: List[UOp]) -> UOp:
+  while len(xs) > 1:
+    xs = [xs[i].alu(op, xs[i + 1]) if i + 1 < len(xs) else xs[i] for i in range(0, len(xs), 2)]
+  return xs[0]
+
+
+def _vector_reduction(phi: UOp, packer: _Packer, simd: int, users: Dict[UOp, int]) -> Optional[UOp]:
+  """A scalar reduce whose every step combines n unrolled lanes into the accumulator becomes a vector accumulator of
+  those lanes (the lanes are combined across steps, in any order: exact for MAX and integer ADD, a reassociation of a
+  float sum as the CPU renderers already allow), plus one horizontal reduce after the loop. Returns that scalar."""
+  acc, val = phi.src
+  dt = acc.dtype
+  # the accumulator is read by this step and by the PHI, nothing else
+  if acc.op is not UOps.DEFINE_ACC or not _lane_dtype_ok(dt) or acc.src[0].op is not UOps.CONST or users.get(acc, 0) != 2 or \
+      val.op is not UOps.ALU or val.arg not in (BinaryOps.MAX, BinaryOps.ADD) or acc not in val.src:
+    return None
+  assert dt is not None
+  op = val.arg
+  leaves = [x for s in val.src if s is not acc for x in _op_leaves(s, op)]
+  lanes = simd // dt.itemsize
+  if len(leaves) < 4 or any(x is acc for x in leaves):
+    return None
+  width = next((w for w in (lanes, 8, 4) if len(leaves) % w == 0 and w <= lanes), None)
+  if width is None:
+    return None
+  leaves = sorted(leaves, key=_first_gep)
+  chunks = []
+  for i in range(0, len(leaves), width):
+    vec, real = packer.pack(tuple(leaves[i:i + width]))
+    if not real:
+      return None
+    chunks.append(vec)
+  vdt = dt.vec(width)
+  vacc = UOp(UOps.DEFINE_ACC, vdt, acc.src, acc.arg)
+  vphi = UOp(UOps.PHI, vdt, (vacc, vacc.alu(op, _reduce_tree(op, chunks))))
+  return _reduce_tree(op, [vphi.gep(i) for i in range(width)])
+
+
 def vectorize_lanes(sink: UOp, opts: object) -> UOp:
-  """Pack the scalar lanes under vector STOREs into vector ops when the renderer asks for it (`simd_bytes`)."""
+  """Pack the scalar lanes under vector STOREs, and unrolled lanes feeding one accumulator, into vector ops when the
+  renderer asks for it (`simd_bytes`)."""
   simd = int(getattr(opts, "simd_bytes", 0) or 0)
   if simd == 0:
     return sink
@@ -107,7 +163,15 @@ def vectorize_lanes(sink: UOp, opts: object) -> UOp:
       packed, real = packer.pack(v.src)
       if real:
         new_value[u] = packed
-  if not new_value:
+  users: Dict[UOp, int] = {}
+  for u in order:
+    for s in u.src:
+      users[s] = users.get(s, 0) + 1
+  reduced: Dict[UOp, UOp] = {}
+  for u in order:
+    if u.op is UOps.PHI and u not in packer.lane_of and (r := _vector_reduction(u, packer, simd, users)) is not None:
+      reduced[u] = r
+  if not new_value and not reduced:
     return sink
   # rebuild: stores take their packed value; any other use of a packed scalar lane reads it out of its vector
   done: Dict[UOp, UOp] = {}
@@ -117,6 +181,8 @@ def vectorize_lanes(sink: UOp, opts: object) -> UOp:
       return r
     if (lane := packer.lane_of.get(u)) is not None:
       ret = rebuild(lane[0]).gep(lane[1])
+    elif u in reduced:
+      ret = rebuild(reduced[u])
     else:
       src = (u.src[0], u.src[1], new_value[u]) if u in new_value else u.src
       new_src = tuple(rebuild(s) for s in src)
