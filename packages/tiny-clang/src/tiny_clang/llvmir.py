@@ -268,6 +268,11 @@ class _Builder:
       return self.ins(f"fneg {t} {xs[0]}") if isf else self.ins(f"sub {t} {self.const_of(0, sdt)}, {xs[0]}")
     if op is UnaryOps.RECIP:
       return self.ins(f"fdiv {fm}{t} {self.const_of(1.0, sdt)}, {xs[0]}")
+    if op in (UnaryOps.EXP2, UnaryOps.LOG2) and s == dtypes.float32 and sdt.count > 1:
+      # a vector helper in the module: the intrinsics on vectors would be one scalar libm call per lane
+      from tiny_clang.vmath import exp2_llvm, log2_llvm
+      self.decls.add((exp2_llvm if op is UnaryOps.EXP2 else log2_llvm)(sdt.count))
+      return self.ins(f"call {t} @tiny_{_INTR[op]}_v{sdt.count}({t} {xs[0]})")
     if op in _INTR:
       name = f"llvm.{_INTR[op]}.{'v' + str(sdt.count) if sdt.count > 1 else ''}{'f32' if s == dtypes.float32 else 'f64'}"
       self.decls.add(f"declare {t} @{name}({t})")

@@ -24,6 +24,8 @@ from tiny.dtype import DType, PtrDType, dtypes
 from tiny.ops import BinaryOps, TernaryOps, UnaryOps
 from tiny.renderer.cstyle import CStyleLanguage, RenderError
 
+from tiny_clang.vmath import exp2_source, log2_source
+
 HALF_PRELUDE = """#if defined(__FLT16_MAX__)
 typedef _Float16 tiny_half;
 #elif defined(__clang__)
@@ -74,6 +76,8 @@ def _max(a: str, b: str, dtype: DType) -> str:
 
 
 _VECTOR_NATIVE = {BinaryOps.ADD: "+", BinaryOps.MUL: "*"}
+# float32 vector ops with a vector implementation in tiny_clang.vmath (libm's are scalar calls)
+_VMATH = {UnaryOps.EXP2: "exp2", UnaryOps.LOG2: "log2"}
 # the integer lanes a float vector's comparison mask has (and that vector MAX blends through)
 _MASK_INT = {dtypes.float32: dtypes.int32, dtypes.float64: dtypes.int64}
 
@@ -96,6 +100,8 @@ def _op_for(op: Any, fn: Callable[..., str]) -> Callable[..., str]:
       scalar = dtype.scalar()
       if op in _VECTOR_NATIVE and _f16kind(dtype) is None and scalar != dtypes.bool:
         return f"({xs[0]}{_VECTOR_NATIVE[op]}{xs[1]})"
+      if op in _VMATH and scalar == dtypes.float32:
+        return f"tiny_{_VMATH[op]}_{ClangRenderer.vector_name(scalar, dtype.count)}({xs[0]})"
       if op is BinaryOps.MAX and scalar in (dtypes.float32, dtypes.float64):
         # a lane mask and a bitwise select: one vector compare + blend instead of a scalar select per lane
         iv = ClangRenderer.vector_name(_MASK_INT[scalar], dtype.count)
@@ -249,6 +255,7 @@ class ClangRenderer(CStyleLanguage):
   def _prelude(self, uops: List[UOp]) -> List[str]:
     kinds: Set[str] = set()
     vecs: Dict[str, Tuple[str, int]] = {}
+    helpers: Set[Tuple[Any, int]] = set()
     for u in uops:
       for dt in (u.dtype, *(s.dtype for s in u.src)):
         if dt is None:
@@ -261,14 +268,19 @@ class ClangRenderer(CStyleLanguage):
           reg = "float" if _f16kind(s) is not None else "signed char" if s == dtypes.int8 else s.name
           size = 4 if _f16kind(s) is not None else s.itemsize
           vecs[self.vector_name(s, base.count)] = (f"{reg} __attribute__((vector_size({size * base.count}), aligned({size})))", base.count)
-      if u.op is UOps.ALU and u.arg is BinaryOps.MAX and u.dtype is not None and u.dtype.count > 1 and u.dtype.scalar() in _MASK_INT:
+      if u.op is UOps.ALU and u.arg in (BinaryOps.MAX, *_VMATH) and u.dtype is not None and u.dtype.count > 1 and u.dtype.scalar() in _MASK_INT:
         m = _MASK_INT[u.dtype.scalar()]
         vecs[self.vector_name(m, u.dtype.count)] = (f"{m.name} __attribute__((vector_size({m.itemsize * u.dtype.count}), aligned({m.itemsize})))",
                                                     u.dtype.count)
+        if u.arg in _VMATH and u.dtype.scalar() == dtypes.float32:
+          helpers.add((u.arg, u.dtype.count))
     out = [HALF_PRELUDE] if "half" in kinds else []
     out += [BF16_PRELUDE] if "bf16" in kinds else []
     # element alignment only: a vector may start at any element of a buffer (views, odd offsets)
     out += [f"typedef {decl.replace(' __attribute__', ' ' + name + ' __attribute__', 1)};" for name, (decl, _) in sorted(vecs.items())]
+    for op, n in sorted(helpers, key=lambda h: (_VMATH[h[0]], h[1])):
+      src = exp2_source if op is UnaryOps.EXP2 else log2_source
+      out.append(src(self.vector_name(dtypes.float32, n), self.vector_name(dtypes.int32, n)))
     return out
 
 

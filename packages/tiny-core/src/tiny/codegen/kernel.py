@@ -640,12 +640,16 @@ class Kernel:
       return self
     # upcast along axes some buffer broadcasts over (reuse), until 32 values per thread
     upcasted_axis = set()
+    # a constant "broadcasts" along every axis but is no reuse worth registers; on a SIMD CPU it would only cut the
+    # vector width of an elementwise kernel to the 4 this loop picks
+    simd_cpu = not self.opts.has_local and int(getattr(self.opts, "simd_bytes", 0)) > 0
+    reuse = [i for i in range(len(self.sts)) if not (simd_cpu and i < len(self.bufs) and isinstance(self.bufs[i], ConstBuffer))]
     while _size_hint(self.sts[0].shape[:self.first_reduce]) >= 1024:
       xb_choices = []
       for axis, upcast_amount in itertools.product(range(self.first_reduce), [3, 4]):
         if axis not in upcasted_axis and _divides(upcast_amount, self.full_shape[axis]) and \
-            any(_is_zero(st.views[-1].strides[axis]) and not any(_is_zero(x[1]) for x in self.upcasted_axis(buf_index))
-                for buf_index, st in enumerate(self.sts)):
+            any(_is_zero(self.sts[buf_index].views[-1].strides[axis]) and not any(_is_zero(x[1]) for x in self.upcasted_axis(buf_index))
+                for buf_index in reuse):
           # rank by how many buffers move along the axis, then by how far (a symbolic stride counts as moving, by its upper bound)
           strides = [st.views[-1].strides[axis] for st in self.sts]
           xb_choices.append((sum(int(not isinstance(x, int) or x > 0) for x in strides), sum(_upper(x) for x in strides), axis, upcast_amount))
@@ -686,11 +690,16 @@ class Kernel:
             except KernelOptError:
               pass
             break
-    # no upcast yet: upcast a contiguous output axis by 4
+    # no upcast yet: upcast a contiguous output axis by 4 (by one vector register on a SIMD CPU, when the output is
+    # contiguous there: the codegen then computes whole vectors)
     if self.upcasted == 0 and self.first_reduce > 0 and _divides(4, self.full_shape[self.first_reduce - 1]) and \
         _size_hint(self.sts[0].shape[:self.first_reduce]) >= 64 and not vector_reduce:
+      amt, lanes = 4, int(getattr(self.opts, "simd_bytes", 0)) // self.bufs[0].dtype.itemsize
+      if not self.opts.has_local and lanes > 4 and _divides(lanes, self.full_shape[self.first_reduce - 1]) and \
+          self.sts[0].real_strides()[self.first_reduce - 1] == 1:
+        amt = lanes
       try:
-        self.apply_opt(Opt(OptOps.UPCAST, self.first_reduce - 1, 4))
+        self.apply_opt(Opt(OptOps.UPCAST, self.first_reduce - 1, amt))
       except KernelOptError:
         pass
     # local groups
