@@ -151,3 +151,21 @@ def test_row_max_with_nan_and_inf_matches_numpy(dev: str, npdt: Any) -> None:
   x[3, 17], x[5, 100], x[7, :], x[9, 300], x[9, 301] = np.nan, np.inf, -np.inf, np.nan, np.inf
   np.testing.assert_array_equal(Tensor(x, device=dev).max(1).numpy(), x.max(1))
   np.testing.assert_array_equal(Tensor(x, device=dev).max(0).numpy(), x.max(0))
+
+
+@pytest.mark.parametrize("shape", [(2, 8, 16, 16, 16, 1), (1, 4, 24, 40, 8, 2), (3, 3, 9, 9, 8, 1)])
+def test_padded_conv_uses_gated_vector_loads(dev: str, shape: Any) -> None:
+  """A padded conv's input rows are read as whole vectors where every lane is inside the image and lane by lane at the
+  borders; results match torch, including at the borders."""
+  torch = pytest.importorskip("torch")
+  from tiny.engine.realize import get_kernel
+  from tiny.registry import Device
+  b, c, h, w_, o, pad = shape
+  x, w = rng.standard_normal((b, c, h, w_)).astype(np.float32), rng.standard_normal((o, c, 3, 3)).astype(np.float32)
+  si = Tensor(x, device=dev).conv2d(Tensor(w, device=dev), padding=pad).schedule()[-1]
+  src = get_kernel(Device[dev].renderer, si.ast).to_program().src
+  if w_ % 8 == 0:
+    assert ("?(*((tiny_float" in src) if dev == "CLANG" else ("insertelement" in src and "lda" in src), src[:3000]
+  ref = torch.nn.functional.conv2d(torch.tensor(x), torch.tensor(w), padding=pad).numpy()
+  out = Tensor(x, device=dev).conv2d(Tensor(w, device=dev), padding=pad).numpy()
+  np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)

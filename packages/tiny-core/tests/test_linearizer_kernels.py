@@ -431,3 +431,12 @@ def test_cpu_heuristic_unrolls_a_row_max_by_one_vector() -> None:
   k = Kernel(ast, opts=_SimdRenderer()).hand_coded_optimizations()
   assert Opt(OptOps.UNROLL, 0, 16) in k.applied_opts, k.applied_opts
   np.testing.assert_allclose(run_kernel(k, [x], (8, 1)), x.max(1, keepdims=True))
+
+
+def test_simd_gated_lanes_fold_into_one_gated_vector_load() -> None:
+  """Padded loads (each lane with its own gate) become one vector load under the AND of the gates, falling back to the
+  lanes' own gated loads; unaligned starts are fine on a SIMD CPU. The PYTHON device runs it and matches numpy."""
+  k = check_case("masked_pad", [Opt(OptOps.UPCAST, 1, 11)], renderer=_SimdRenderer())
+  vloads = [u for u in k.uops.uops if u.op.name == "LOAD" and u.dtype is not None and u.dtype.count > 1]
+  assert vloads and all(len(u.src) == 4 and u.src[3].op.name == "VECTORIZE" for u in vloads), vloads
+  check_case("masked_pad", [Opt(OptOps.UPCAST, 1, 11)], renderer=_NoLocalRenderer())

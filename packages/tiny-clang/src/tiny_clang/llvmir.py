@@ -126,6 +126,17 @@ class _Builder:
     top, _, store_outside = _loop_structure(uops)
     self.split = top[0] if len(top) == 1 and not top[0].arg[1] and not store_outside else None
     self.reassoc = self._reduction_adds()
+    # the per-lane alternative of a gated vector load (and its lane loads) is emitted inside that load's fallback path
+    uses: Dict[UOp, int] = {}
+    for u in uops:
+      for x in u.src:
+        uses[x] = uses.get(x, 0) + 1
+    self.lazy: Set[UOp] = set()
+    for u in uops:
+      if u.op is UOps.LOAD and len(u.src) > 3 and u.dtype is not None and u.dtype.count > 1 and u.src[3].op is UOps.VECTORIZE and \
+          uses[u.src[3]] == 1 and all(x.op is UOps.LOAD and uses[x] == 1 for x in u.src[3].src):
+        self.lazy.add(u.src[3])
+        self.lazy.update(u.src[3].src)
 
   # *** helpers ***
 
@@ -337,6 +348,24 @@ class _Builder:
       p = self.ins(f"getelementptr inbounds {mtype(buf.dtype.base)}, ptr {self.val(buf)}, i32 {i}")
       v = self.from_mem(self.ins(f"load {mtype(dt)}, ptr {p}, align {align}"), dt)
       return self.ins(f"select i1 {g}, {ltype(dt)} {v}, {ltype(dt)} {self.operand(u.src[3], dt)}")
+    if gated and u.src[3] in self.lazy:
+      # a vector whose lanes have their own gates: the whole-vector load when every lane is valid, else each lane's
+      # own gated load, computed only on that path
+      n = self.tmp()[2:]
+      g = self.val(u.src[2])
+      self.emit(f"br i1 {g}, label %ld{n}, label %lda{n}")
+      self.label(f"ld{n}")
+      v = self.from_mem(self.ins(f"load {mtype(dt)}, ptr {self.gep(buf, u.src[1])}, align {align}"), dt)
+      after = self.block
+      self.emit(f"br label %ldj{n}")
+      self.label(f"lda{n}")
+      lanes = "poison"
+      for k, lane in enumerate(u.src[3].src):
+        lanes = self.ins(f"insertelement {ltype(dt)} {lanes}, {ltype(dt.scalar())} {self.load(lane)}, i32 {k}")
+      alt_end = self.block
+      self.emit(f"br label %ldj{n}")
+      self.label(f"ldj{n}")
+      return self.ins(f"phi {ltype(dt)} [{v}, %{after}], [{lanes}, %{alt_end}]")
     if gated:
       n = self.tmp()[2:]
       g, alt, before = self.val(u.src[2]), self.operand(u.src[3], dt), self.block
@@ -454,6 +483,8 @@ class _Builder:
         n2 = self.ifs.pop()
         self.emit(f"br label %endif{n2}")
         self.label(f"endif{n2}")
+      elif u in self.lazy:
+        continue
       elif op is UOps.LOAD:
         self.r[u] = self.load(u)
       elif op is UOps.STORE:

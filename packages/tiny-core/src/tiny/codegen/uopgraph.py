@@ -504,23 +504,38 @@ def _fold_vector_memory(sink: UOp, kind: UOps, simd_bytes: int = 0) -> UOp:
       continue
     base, off = _base_offset(u.src[1])
     if u.op is UOps.LOAD and len(u.src) == 2:
-      loads[(u.src[0], base, elem)][off] = u
+      loads[(u.src[0], base, elem, False)].setdefault(off, u)
+    elif u.op is UOps.LOAD and simd_bytes and len(u.src) == 4 and u.src[2].op is not UOps.BARRIER:
+      # a CPU folds gated loads too: see the gated vector load below
+      loads[(u.src[0], base, elem, True)].setdefault(off, u)
     elif u.op is UOps.STORE and len(u.src) == 3:
-      stores[(u.src[0], base, elem)][off] = u
+      stores[(u.src[0], base, elem, False)][off] = u
   replace: Dict[UOp, UOp] = {}
   for groups, is_load in ((loads, True), (stores, False)):
-    for (buf, base, elem), by_off in groups.items():
+    for (buf, base, elem, gated), by_off in groups.items():
       used: Set[int] = set()
       for off in sorted(by_off):
         if off in used:
           continue
         for sz in _vector_sizes(elem, simd_bytes):
           offs = list(range(off, off + sz))
-          if off % sz != 0 or any(o not in by_off or o in used for o in offs) or base.divides(sz) is None:
+          # GPUs need vectors aligned to their size; a CPU (simd_bytes) loads and stores at any element offset
+          aligned = simd_bytes > 0 or (off % sz == 0 and base.divides(sz) is not None)
+          if not aligned or any(o not in by_off or o in used for o in offs):
             continue
           members = [by_off[o] for o in offs]
           vidx = members[0].src[1]
-          if is_load:
+          if is_load and gated:
+            # all lanes valid: one vector load; otherwise each lane's own gated load, evaluated only then (the
+            # renderer inlines the alternative), so no lane is ever read out of its bounds
+            gates = dedup([m.src[2] for m in members])
+            gate = functools.reduce(lambda a, b: a.alu(BinaryOps.AND, b), gates)
+            # (copies of the lanes: the originals are what gets replaced by this load's GEPs)
+            lanes = tuple(UOp(m.op, m.dtype, m.src, m.arg) for m in members)
+            vl = UOp(UOps.LOAD, elem.vec(sz), (buf, vidx, gate, UOp(UOps.VECTORIZE, elem.vec(sz), lanes)))
+            for i, m in enumerate(members):
+              replace[m] = vl.gep(i)
+          elif is_load:
             vl = UOp(UOps.LOAD, elem.vec(sz), (buf, vidx))
             for i, m in enumerate(members):
               replace[m] = vl.gep(i)
@@ -533,8 +548,22 @@ def _fold_vector_memory(sink: UOp, kind: UOps, simd_bytes: int = 0) -> UOp:
           break
   if not replace:
     return sink
-  pm = PatternMatcher([(UPat({UOps.LOAD, UOps.STORE}, name="u"), lambda u: replace.get(u))])
-  return graph_rewrite(sink, pm + PatternMatcher([symbolic_rules[-1]]))
+  # a plain substitution: graph_rewrite would merge a gated load's lane copies with the very lanes being replaced
+  done: Dict[UOp, UOp] = {}
+
+  def sub(u: UOp) -> UOp:
+    if (r := done.get(u)) is not None:
+      return r
+    if u in replace:
+      ret = sub(replace[u])
+    else:
+      new_src = tuple(sub(x) for x in u.src)
+      if u.op is UOps.SINK:
+        new_src = tuple(x for x in new_src if x.op is not UOps.NOOP)
+      ret = u if len(new_src) == len(u.src) and all(a is b for a, b in zip(new_src, u.src)) else UOp(u.op, u.dtype, new_src, u.arg)
+    done[u] = ret
+    return ret
+  return sub(sink)
 
 
 # *** linearization ***

@@ -218,6 +218,14 @@ class CStyleLanguage(Renderer):
     r: Dict[UOp, str] = {}
     uses = Counter(s for u in uops for s in u.src)
     mutable: Set[UOp] = set()  # accumulators: expressions reading them must not be moved past a PHI
+    # a gated vector load's alternative (a VECTORIZE of per-lane gated loads) is written inline, inside the ternary, so
+    # the lanes are only read when the whole-vector gate is false
+    lazy: Set[UOp] = set()
+    for u in uops:
+      if u.op is UOps.LOAD and len(u.src) > 3 and u.dtype is not None and u.dtype.count > 1 and (alt := u.src[3]).op is UOps.VECTORIZE \
+          and uses[alt] == 1:
+        lazy.add(alt)
+        lazy.update(s for s in alt.src if s.op is UOps.LOAD and uses[s] == 1)
 
     def emit(line: str) -> None:
       kernel.append("  " * depth + line)
@@ -277,8 +285,11 @@ class CStyleLanguage(Renderer):
         val = self.render_load(dtype, r[src[0]], cast("DType", src[0].dtype), strip_parens(r[src[1]]), src[0].op is UOps.DEFINE_LOCAL)
         if len(src) > 3 and src[2].op is not UOps.BARRIER:
           # the ternary only evaluates the load when the gate is true, so out-of-bounds indices are never read
-          val = self.code_for_op[TernaryOps.WHERE](r[src[2]], val, r[src[3]], dtype)
-        bind(u, "val", val, False)
+          if dtype.count > 1 and cast("DType", src[2].dtype).count == 1:
+            val = f"({r[src[2]]}?{val}:{r[src[3]]})"   # one gate for a whole vector
+          else:
+            val = self.code_for_op[TernaryOps.WHERE](r[src[2]], val, r[src[3]], dtype)
+        bind(u, "val", val, u in lazy)
       elif op is UOps.PHI:
         emit(f"{r[src[0]]} = {strip_parens(r[src[1]])};")
         r[u] = r[src[0]]
@@ -289,7 +300,7 @@ class CStyleLanguage(Renderer):
         bind(u, "cast", self.render_cast([pre], dtype, bitcast=True), False)
       elif op in (UOps.CAST, UOps.VECTORIZE):
         val = self.render_cast([r[s] for s in src], dtype)
-        bind(u, "cast", val, uses[u] <= 1 and dtype.count == 1 and not any(s in mutable for s in src))
+        bind(u, "cast", val, u in lazy or (uses[u] <= 1 and dtype.count == 1 and not any(s in mutable for s in src)))
       elif op is UOps.DEFINE_LOCAL:
         emit(self.render_local(arg[0], _base(dtype), arg[1]))
         r[u] = arg[0]
