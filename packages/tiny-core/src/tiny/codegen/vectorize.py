@@ -16,7 +16,7 @@ A renderer opts in with `Renderer.simd_bytes` (the widest vector register; 0 kee
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 from tiny.codegen.uops import UOp, UOps
 from tiny.dtype import DType, dtypes
@@ -34,6 +34,7 @@ class _Packer:
   def __init__(self) -> None:
     self.memo: Dict[Tuple[UOp, ...], Tuple[UOp, bool]] = {}
     self.lane_of: Dict[UOp, Tuple[UOp, int]] = {}
+    self.frozen: Set[UOp] = set()  # accumulators already vectorized along their reduce: not packed across outputs
 
   def pack(self, lanes: Tuple[UOp, ...]) -> Tuple[UOp, bool]:
     """(vector uop for lanes, whether it is a real vector value rather than a broadcast or a gather of scalars)."""
@@ -69,6 +70,8 @@ class _Packer:
         return self._gather(lanes)
       return self._record(lanes, UOp(UOps.DEFINE_ACC, vdt, first.src, first.arg))
     if first.op is UOps.PHI:
+      if any(x in self.frozen for x in lanes):
+        return self._gather(lanes)
       acc, acc_real = self.pack(tuple(x.src[0] for x in lanes))
       if not acc_real or acc.op is not UOps.DEFINE_ACC:
         return self._gather(lanes)
@@ -157,20 +160,23 @@ def vectorize_lanes(sink: UOp, opts: object) -> UOp:
     seen.add(u)
     order.append(u)
     stack.extend(u.src)
+  users: Dict[UOp, int] = {}
+  for u in order:
+    for s in u.src:
+      users[s] = users.get(s, 0) + 1
+  # reduces first: a dot product unrolled along its contiguous reduce axis (x @ W.T) accumulates along that axis, in
+  # vectors; packing its outputs instead would gather W's lanes
+  reduced: Dict[UOp, UOp] = {}
+  for u in order:
+    if u.op is UOps.PHI and (r := _vector_reduction(u, packer, simd, users)) is not None:
+      reduced[u] = r
+  packer.frozen = set(reduced)
   for u in order:
     if u.op is UOps.STORE and len(u.src) == 3 and (v := u.src[2]).op is UOps.VECTORIZE and v.dtype is not None and \
         v.dtype.count > 1 and v.dtype.count * v.dtype.scalar().itemsize <= simd and len(v.src) == v.dtype.count:
       packed, real = packer.pack(v.src)
       if real:
         new_value[u] = packed
-  users: Dict[UOp, int] = {}
-  for u in order:
-    for s in u.src:
-      users[s] = users.get(s, 0) + 1
-  reduced: Dict[UOp, UOp] = {}
-  for u in order:
-    if u.op is UOps.PHI and u not in packer.lane_of and (r := _vector_reduction(u, packer, simd, users)) is not None:
-      reduced[u] = r
   if not new_value and not reduced:
     return sink
   # rebuild: stores take their packed value; any other use of a packed scalar lane reads it out of its vector
