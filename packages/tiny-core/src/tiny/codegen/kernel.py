@@ -522,7 +522,8 @@ class Kernel:
       return tuple(v if v is not None else w for v, w in zip(st.real_strides(), st.views[-1].strides))
     out, ins = strides_of(self.sts[0]), [strides_of(st) for st in self.sts[1:len(self.bufs)]]
     axis = self.first_reduce - 1
-    vec = next((s for s in ins if s[axis] == 1), None)
+    # the vector input takes part in the reduce (a residual added after a matmul is contiguous along the axis too)
+    vec = next((s for s in ins if s[axis] == 1 and any(s[r] != 0 for r in range(self.first_reduce, len(s)))), None)
     if out[axis] != 1 or vec is None or not any(s[axis] == 0 for s in ins):
       return False
     rows = [a for a in range(axis) if out[a] != 0 and vec[a] == 0 and any(s[a] != 0 for s in ins if s is not vec)]
