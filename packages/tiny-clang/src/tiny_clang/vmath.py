@@ -103,6 +103,9 @@ class _IR:
       p = self(f"fadd contract {self.f} {self(f'fmul contract {self.f} {p}, {x}')}, {self.fc(c)}")
     return p
 
+  def function(self, name: str, result: str) -> str:
+    return "\n".join([f"define internal {self.f} @{name}_v{self.n}({self.f} %x) alwaysinline {{", *self.lines, f"  ret {self.f} {result}", "}"])
+
 
 def exp2_llvm(n: int) -> str:
   """LLVM IR for `@tiny_exp2_v<n>(<n x float>) -> <n x float>` (the algorithm of exp2_source)."""
@@ -127,7 +130,7 @@ def exp2_llvm(n: int) -> str:
     scales.append(b(f"bitcast {i} {b(f'shl {i} {biased}, {ic(23)}')} to {f}"))
   r = b(f"fmul {f} {b(f'fmul {f} {p}, {scales[0]}')}, {scales[1]}")
   out = b(f"select {m} {nan}, {f} %x, {f} {r}")
-  return "\n".join([f"define internal {f} @tiny_exp2_v{n}({f} %x) alwaysinline {{", *b.lines, f"  ret {f} {out}", "}"])
+  return b.function("tiny_exp2", out)
 
 
 def log2_llvm(n: int) -> str:
@@ -159,4 +162,4 @@ def log2_llvm(n: int) -> str:
   r = b(f"select {m} {b(f'fcmp oeq {f} %x, zeroinitializer')}, {f} {ninf}, {f} {r}")
   r = b(f"select {m} {b(f'fcmp oeq {f} %x, {pinf}')}, {f} %x, {f} {r}")
   r = b(f"select {m} {b(f'fcmp ult {f} %x, zeroinitializer')}, {f} {qnan}, {f} {r}")
-  return "\n".join([f"define internal {f} @tiny_log2_v{n}({f} %x) alwaysinline {{", *b.lines, f"  ret {f} {r}", "}"])
+  return b.function("tiny_log2", r)
