@@ -243,3 +243,19 @@ def test_var_vals_from_symbolic_shapes():
   assert len(sched) == 1 and list(var_vals.values()) == [3] and [v.expr for v in var_vals] == ["i"]
   with pytest.raises(RuntimeError):
     create_schedule([a.shrink(((0, Variable("j", 1, 10).bind(4)),)).e(UnaryOps.NEG)])
+
+
+def test_split_reduce_puts_the_factor_first():
+  """A long reduce with few outputs is split in two kernels; the partial results are (factor, *output shape), so the
+  first kernel keeps the output's contiguous axis and the second sums the factor column-wise."""
+  x = np.random.default_rng(3).standard_normal((4, 1 << 15)).astype(np.float32)
+  lb = realized(x)
+  out = lb.r(ReduceOps.SUM, (1,))
+  ks = kernels(create_schedule([out]))
+  assert len(ks) == 2
+  partial = ks[0].outputs[0]
+  assert partial.size % 4 == 0 and partial.size > 4
+  first_st = ks[0].ast.src[0].arg.st
+  assert first_st.shape[0] == partial.size // 4 and first_st.shape[1] == 4, first_st.shape
+  from tiny.tensor import Tensor
+  np.testing.assert_allclose(Tensor(x, device="PYTHON").sum(1).numpy(), x.sum(1), rtol=1e-4, atol=1e-3)

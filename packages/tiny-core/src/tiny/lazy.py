@@ -266,7 +266,9 @@ class LazyBuffer:
         prod(self.shape) // prod(new_shape) < getenv("REDUCEOP_SPLIT_THRESHOLD", 32768):
       return self._reduce_op(op, axis)
     # few outputs and a long reduction: reduce a split-off factor of one axis first (as a global dim of the
-    # first kernel), then reduce that factor in a second kernel. The factor goes last for locality.
+    # first kernel), then reduce that factor in a second kernel. The factor goes first: the partial results keep
+    # the output's own layout, so the first kernel can tile its contiguous output axis (a one-hot gather over a
+    # vocabulary becomes a matmul-shaped kernel) and the second is a column sum.
     strides = self.st.real_strides()
     max_split = min(256, 2 ** getenv("REDUCEOP_SPLIT_SIZE", 22) // prod(new_shape))
     candidates = [(i, d) for i in axis for d in range(max_split, 8 - 1, -1) if self.shape[i] % d == 0 and strides[i] != 0]
@@ -274,11 +276,11 @@ class LazyBuffer:
       return self._reduce_op(op, axis)
     dim, divisor = candidates[0]
     split_shape = self.shape[:dim] + (divisor, self.shape[dim] // divisor) + self.shape[dim + 1:]
-    order = tuple([x for x in range(len(split_shape)) if x != dim] + [dim])
+    order = tuple([dim] + [x for x in range(len(split_shape)) if x != dim])
     splitted = self.reshape(split_shape).permute(order)
     if DEBUG >= 3:
       print(f"split {divisor}: {self.shape} -> {splitted.shape} -> {new_shape}")
-    return splitted._reduce_op(op, axis)._reduce_op(op, (len(new_shape),)).reshape(new_shape)
+    return splitted._reduce_op(op, tuple(a + 1 for a in axis))._reduce_op(op, (0,)).reshape(new_shape)
 
   # *** movement ***
 
