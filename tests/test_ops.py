@@ -372,6 +372,10 @@ CONV_CASES = [
   ((1, 1, 5, 5), (1, 1, 1, 1), {}),
   ((1, 3, 7, 7), (2, 3, 5, 5), {"stride": (2, 1), "padding": 2}),
   ((1, 6, 6, 6), (6, 1, 3, 3), {"groups": 6}),
+  # stride 1, one group: the direct backward of function.Conv (asymmetric padding, rectangular kernel, padding = k-1)
+  ((2, 3, 10, 9), (4, 3, 3, 5), {"padding": (1, 2)}),
+  ((2, 4, 12, 12), (5, 4, 5, 5), {"padding": 4}),
+  ((1, 2, 6, 6), (3, 2, 3, 3), {"padding": 3}),   # padding past k-1: the composed path
 ]
 
 

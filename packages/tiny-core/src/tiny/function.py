@@ -7,7 +7,7 @@ Everything here is written with the small set of LazyBuffer ops (elementwise, re
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple
+from typing import Optional, Tuple, cast
 
 from tiny.dtype import DType, dtypes, sum_acc_dtype
 from tiny.helpers import argsort
@@ -329,3 +329,51 @@ class Flip(Function):
 
   def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
     return grad_output.stride(self.arg)
+
+
+class Conv(Function):
+  """N-d convolution (stride 1, no dilation, one group) with a direct backward.
+
+  The forward is the composed pool-and-reduce of `Tensor._conv_composed`. Differentiating that chain would send the
+  input gradient back through `_pool`'s repeat/shrink views (a reduce over a view full of div/mod index math, plus a
+  window-sized intermediate); instead the input gradient is the transposed convolution, itself a padded convolution
+  of the output gradient with the flipped weight, and the weight gradient is the windowed input times the output
+  gradient, summed over batch and positions."""
+
+  def forward(self, x: LazyBuffer, w: LazyBuffer, padding: Tuple[int, ...] = (), acc_dtype: Optional[DType] = None) -> LazyBuffer:
+    from tiny.tensor import Tensor
+    self.x, self.w, self.padding, self.acc_dtype = x, w, padding, acc_dtype
+    with _NoGrad():
+      return Tensor(x, device=x.device)._conv_composed(Tensor(w, device=w.device), padding=list(padding), acc_dtype=acc_dtype).lazydata
+
+  def backward(self, grad_output: LazyBuffer) -> Tuple[Optional[LazyBuffer], Optional[LazyBuffer]]:
+    from tiny.tensor import Tensor
+    with _NoGrad():
+      g = Tensor(grad_output, device=grad_output.device)
+      x, w = Tensor(self.x, device=self.x.device), Tensor(self.w, device=self.w.device)
+      ks = w.shape[2:]
+      nd = len(ks)
+      spatial = tuple(range(2, 2 + nd))
+      gx = gw = None
+      if self.needs_input_grad[0]:
+        # padding in pad2d order (last dim first, before/after); the transposed conv pads by k-1-p on each side
+        pads = [cast(int, ks[nd - 1 - i // 2]) - 1 - p for i, p in enumerate(self.padding)]
+        gx = g._conv_composed(w.transpose(0, 1).flip(spatial), padding=pads, acc_dtype=self.acc_dtype).cast(x.dtype).lazydata
+      if self.needs_input_grad[1]:
+        bs, cout, out_sp = g.shape[0], g.shape[1], g.shape[2:]
+        win = x.pad2d(list(self.padding))._pool(ks)                      # (bs, cin, *out, *k)
+        prod_ = win.unsqueeze(1) * g.reshape(bs, cout, 1, *out_sp, *[1] * nd)  # (bs, cout, cin, *out, *k)
+        gw = prod_.sum((0, *range(3, 3 + nd)), acc_dtype=self.acc_dtype).cast(w.dtype).lazydata
+    return gx, gw
+
+
+class _NoGrad:
+  """Build Tensor graphs inside a Function without recording autograd."""
+
+  def __enter__(self) -> None:
+    from tiny.tensor import Tensor
+    self.prev, Tensor.no_grad = Tensor.no_grad, True
+
+  def __exit__(self, *args: object) -> None:
+    from tiny.tensor import Tensor
+    Tensor.no_grad = self.prev

@@ -1322,20 +1322,32 @@ class Tensor:
     """N-d convolution (cross-correlation, like torch): self is (bs, cin, *spatial), weight is (cout, cin/groups, *kernel)."""
     if self.ndim < 3 or self.ndim != weight.ndim:
       raise ShapeError(f"conv2d input {self.shape} and weight {weight.shape} need the same number (>=3) of dims")
-    (bs, cin_), (cout, cin), HW = self.shape[:2], weight.shape[:2], weight.shape[2:]  # noqa: N806
+    cin_, (cout, cin), HW = self.shape[1], weight.shape[:2], weight.shape[2:]  # noqa: N806
     if groups * cin != cin_:
       raise ShapeError(f"input channels {cin_} do not match weight {weight.shape} with {groups=} ({groups * cin} expected)")
     if cout % groups != 0:
       raise ShapeError(f"output channels {cout} are not divisible by {groups=}")
     padding_ = self._padding_arg(padding, len(HW))
+    if groups == 1 and all(s == 1 for s in make_pair(stride, len(HW))) and all(d == 1 for d in make_pair(dilation, len(HW))) and \
+        all(isinstance(k, int) for k in HW) and all(0 <= p <= cast(int, HW[len(HW) - 1 - i // 2]) - 1 for i, p in enumerate(padding_)):
+      # the common case gets a direct backward (see function.Conv)
+      ret = F.Conv.apply(self, weight, padding=tuple(padding_), acc_dtype=_to_dtype(acc_dtype) if acc_dtype is not None else None)
+    else:
+      ret = self._conv_composed(weight, groups, stride, dilation, padding_, acc_dtype)
+    return ret if bias is None else ret.add(bias.reshape(1, -1, *[1] * len(HW)))
+
+  def _conv_composed(self, weight: Tensor, groups: int = 1, stride: Union[int, Tuple[int, ...]] = 1, dilation: Union[int, Tuple[int, ...]] = 1,
+                     padding: Sequence[int] = (), acc_dtype: Optional[DTypeLike] = None) -> Tensor:
+    """conv2d without bias as movement ops, a multiply and a reduce; padding in pad2d order (see _padding_arg)."""
+    bs, (cout, cin), HW = self.shape[0], weight.shape[:2], weight.shape[2:]  # noqa: N806
+    padding_ = list(padding) if padding else [0] * 2 * len(HW)
     x = self.pad2d(padding_)._pool(HW, stride, dilation)   # (bs, groups*cin, *oyx, *HW)
     rcout, oyx = cout // groups, x.shape[2:-len(HW)]
     x = x.reshape(bs, groups, cin, 1, *oyx, *HW).expand(bs, groups, cin, rcout, *oyx, *HW)
     x = x.permute(0, 1, 3, *[4 + i for i in range(len(oyx))], 2, *[4 + len(oyx) + i for i in range(len(HW))])
     # (bs, groups, rcout, *oyx, cin, *HW) * weight, reduced over cin and the kernel
-    ret = (x * weight.reshape(1, groups, rcout, *[1] * len(oyx), cin, *HW)).sum([-1 - i for i in range(1 + len(oyx))], keepdim=True,
-                                                                                acc_dtype=acc_dtype).reshape(bs, cout, *oyx)
-    return ret if bias is None else ret.add(bias.reshape(1, -1, *[1] * len(HW)))
+    return (x * weight.reshape(1, groups, rcout, *[1] * len(oyx), cin, *HW)).sum([-1 - i for i in range(1 + len(oyx))], keepdim=True,
+                                                                                 acc_dtype=acc_dtype).reshape(bs, cout, *oyx)
 
   def conv_transpose2d(self, weight: Tensor, bias: Optional[Tensor] = None, groups: int = 1, stride: Union[int, Tuple[int, ...]] = 1,
                        dilation: Union[int, Tuple[int, ...]] = 1, padding: Union[int, Tuple[int, ...]] = 0,
