@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tiny.dtype import dtypes
-from tiny.helpers import Context
+from tiny.helpers import Context, prod
 from tiny.tensor import Tensor
 
 DEVICES = ["CLANG", "LLVM"]
@@ -169,3 +169,22 @@ def test_padded_conv_uses_gated_vector_loads(dev: str, shape: Any) -> None:
   ref = torch.nn.functional.conv2d(torch.tensor(x), torch.tensor(w), padding=pad).numpy()
   out = Tensor(x, device=dev).conv2d(Tensor(w, device=dev), padding=pad).numpy()
   np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("hw,k", [(24, 5), (12, 3), (28, 5), (13, 3)])
+def test_small_conv_rows_are_tiled_whole(dev: str, hw: int, k: int) -> None:
+  """A conv whose output rows are short (20, 10, 24 pixels; 11 has no tile) gets the whole row as its vector strip
+  (a full vector plus a partial one); results match torch."""
+  torch = pytest.importorskip("torch")
+  x, w = rng.standard_normal((4, 8, hw, hw)).astype(np.float32), rng.standard_normal((16, 8, k, k)).astype(np.float32)
+  ref = torch.nn.functional.conv2d(torch.tensor(x), torch.tensor(w)).numpy()
+  np.testing.assert_allclose(Tensor(x, device=dev).conv2d(Tensor(w, device=dev)).numpy(), ref, rtol=1e-4, atol=1e-4)
+  from tiny.codegen.kernel import Kernel
+  from tiny.registry import Device
+  from tiny_clang.renderer import host_simd_bytes
+  si = Tensor(x, device=dev).conv2d(Tensor(w, device=dev)).schedule()[-1]
+  kern = Kernel(si.ast, opts=Device[dev].renderer).hand_coded_optimizations()
+  ow, up = hw - k + 1, prod(kern.full_shape[kern.shape_len - kern.upcasted:])
+  if 8 < ow <= 2 * host_simd_bytes() // 4 and ow != 11:
+    # the strip is the whole row, times a power of two of output channels
+    assert up % ow == 0 and up // ow in (1, 2, 4, 8, 16), kern.applied_opts

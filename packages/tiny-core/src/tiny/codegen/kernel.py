@@ -62,6 +62,18 @@ def _divides(d: int, x: Any) -> bool:
   return isinstance(x, int) and x % d == 0
 
 
+def _upcast_steps(width: int, cap: int) -> Optional[List[int]]:
+  """UPCAST amounts (each at most cap, largest first) whose product is width; None when width has a prime factor > cap."""
+  steps = []
+  while width > 1:
+    step = next((a for a in range(min(width, cap), 1, -1) if width % a == 0), None)
+    if step is None:
+      return None
+    steps.append(step)
+    width //= step
+  return steps
+
+
 @dataclass(frozen=True, order=True)
 class Opt:
   """One optimization: op on axis (counted as the op counts axes) by amt (0 = the whole axis)."""
@@ -532,11 +544,20 @@ class Kernel:
       # the codegen re-vectorizes: a register tile of rows x (1 or 2 vectors) fed by one vector load and one broadcast per
       # row each step, using half the register file for accumulators (1024² on AVX-512: 8x32 tile ~230 GFLOP/s, 1x128 ~95;
       # 3x3 conv 64->64 at 56²: 16 output channels x 8 pixels ~200, 8 x 8 ~160)
-      width = next((w for w in (2 * lanes, lanes, 8, 4) if self.full_shape[axis] % w == 0), None)
+      width = next((w for w in (2 * lanes, lanes) if self.full_shape[axis] % w == 0), None)
+      if width is None and 8 < self.full_shape[axis] <= 2 * lanes and _upcast_steps(self.full_shape[axis], 16):
+        # a short row (a small conv's 20 or 24 pixels) is tiled whole, as a full vector plus a partial one
+        # (5x5 conv 32->32 on 24² images: 20 = 16 + 4 lanes x 8 channels ~230 GFLOP/s, 4 x 16 ~90)
+        width = self.full_shape[axis]
+      width = width or next((w for w in (8, 4) if self.full_shape[axis] % w == 0), None)
       if width is None:
         return False
       regs = 32 if lanes * self.bufs[0].dtype.itemsize >= 64 else 16
-      vecs = max(1, width // lanes)
+      # registers per row: the strip folds into vectors of lanes, lanes/2, ... (20 -> 16 + 4: two)
+      vecs, left = 0, width
+      while left > 0:
+        left -= next(v for v in (lanes >> i for i in range(lanes.bit_length())) if 0 < v <= left)
+        vecs += 1
       rows_amt = next((r for r in (16, 8, 4, 2) if rows and r * vecs <= regs // 2 and self.full_shape[rows[-1]] % r == 0), 1)
     else:
       width = next((w for w in (128, 64, 32, 16, 8) if self.full_shape[axis] % w == 0), None)
@@ -544,10 +565,8 @@ class Kernel:
         return False
       rows_amt = next((r for r in (8, 4, 2) if width <= 16 and rows and self.full_shape[rows[-1]] % r == 0), 1)
     try:
-      while width > 1:
-        step = min(width, 16 if lanes > 1 else 8)
+      for step in _upcast_steps(width, 16 if lanes > 1 else 8) or []:
         self.apply_opt(Opt(OptOps.UPCAST, axis, step))
-        width //= step
       if rows_amt > 1:
         self.apply_opt(Opt(OptOps.UPCAST, rows[-1], rows_amt))
       if lanes > 1 and rows and rows[-1] + 1 == axis and self.full_shape[rows[-1]] > 1 and self.full_shape[axis] > 1:
