@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Optional, Seq
 from tiny.dtype import DType, dtypes
 from tiny.helpers import DEBUG, TRANSCENDENTAL, dedup, flatten, prod
 from tiny.ops import BinaryOps, TernaryOps, UnaryOps, exec_alu
-from tiny.codegen.uops import UOp, UOps, UPat, PatternMatcher, graph_rewrite, uop_const_value
+from tiny.codegen.uops import UOp, UOps, UPat, PatternMatcher, graph_rewrite, graph_substitute, uop_const_value
 from tiny.codegen.vectorize import vectorize_lanes
 
 INT_DTYPES = frozenset({dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64, dtypes.uint8, dtypes.uint16, dtypes.uint32, dtypes.uint64})
@@ -549,21 +549,7 @@ def _fold_vector_memory(sink: UOp, kind: UOps, simd_bytes: int = 0) -> UOp:
   if not replace:
     return sink
   # a plain substitution: graph_rewrite would merge a gated load's lane copies with the very lanes being replaced
-  done: Dict[UOp, UOp] = {}
-
-  def sub(u: UOp) -> UOp:
-    if (r := done.get(u)) is not None:
-      return r
-    if u in replace:
-      ret = sub(replace[u])
-    else:
-      new_src = tuple(sub(x) for x in u.src)
-      if u.op is UOps.SINK:
-        new_src = tuple(x for x in new_src if x.op is not UOps.NOOP)
-      ret = u if len(new_src) == len(u.src) and all(a is b for a, b in zip(new_src, u.src)) else UOp(u.op, u.dtype, new_src, u.arg)
-    done[u] = ret
-    return ret
-  return sub(sink)
+  return graph_substitute(sink, replace)
 
 
 # *** linearization ***

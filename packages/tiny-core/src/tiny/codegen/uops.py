@@ -507,6 +507,26 @@ def graph_rewrite(sink: UOp, pm: PatternMatcher) -> UOp:
   return rw(sink)
 
 
+def graph_substitute(sink: UOp, replace: Dict[UOp, UOp]) -> UOp:
+  """sink with every uop in `replace` swapped for its replacement (itself substituted in turn), by identity: no
+  structural merging and no rules, unlike graph_rewrite. NOOP sources of the SINK are dropped."""
+  done: Dict[UOp, UOp] = {}
+
+  def sub(u: UOp) -> UOp:
+    if (r := done.get(u)) is not None:
+      return r
+    if u in replace:
+      ret = sub(replace[u])
+    else:
+      new_src = tuple(sub(x) for x in u.src)
+      if u.op is UOps.SINK:
+        new_src = tuple(x for x in new_src if x.op is not UOps.NOOP)
+      ret = u if len(new_src) == len(u.src) and all(a is b for a, b in zip(new_src, u.src)) else UOp(u.op, u.dtype, new_src, u.arg)
+    done[u] = ret
+    return ret
+  return sub(sink)
+
+
 def uop_const_value(u: UOp) -> Optional[ConstType]:
   """The constant value of a CONST uop (or a VECTORIZE of one repeated CONST), else None."""
   if u.op is UOps.CONST:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Set, Tuple
 
-from tiny.codegen.uops import UOp, UOps
+from tiny.codegen.uops import UOp, UOps, graph_substitute
 from tiny.dtype import DType, dtypes
 from tiny.ops import BinaryOps, TernaryOps
 
@@ -179,20 +179,8 @@ def vectorize_lanes(sink: UOp, opts: object) -> UOp:
         new_value[u] = packed
   if not new_value and not reduced:
     return sink
-  # rebuild: stores take their packed value; any other use of a packed scalar lane reads it out of its vector
-  done: Dict[UOp, UOp] = {}
-
-  def rebuild(u: UOp) -> UOp:
-    if (r := done.get(u)) is not None:
-      return r
-    if (lane := packer.lane_of.get(u)) is not None:
-      ret = rebuild(lane[0]).gep(lane[1])
-    elif u in reduced:
-      ret = rebuild(reduced[u])
-    else:
-      src = (u.src[0], u.src[1], new_value[u]) if u in new_value else u.src
-      new_src = tuple(rebuild(s) for s in src)
-      ret = u if all(a is b for a, b in zip(new_src, u.src)) and len(new_src) == len(u.src) else UOp(u.op, u.dtype, new_src, u.arg)
-    done[u] = ret
-    return ret
-  return rebuild(sink)
+  # stores take their packed value; any other use of a packed scalar lane reads it out of its vector
+  replace: Dict[UOp, UOp] = {lane: vec.gep(i) for lane, (vec, i) in packer.lane_of.items()}
+  replace.update(reduced)
+  replace.update((st, UOp(st.op, st.dtype, (st.src[0], st.src[1], val), st.arg)) for st, val in new_value.items())
+  return graph_substitute(sink, replace)
