@@ -518,6 +518,16 @@ class Kernel:
 
   # *** heuristic ***
 
+  @property
+  def simd_lanes(self) -> int:
+    """Lanes of the output dtype in one vector register of a CPU renderer (0 when the renderer asks for no vector code)."""
+    return int(getattr(self.opts, "simd_bytes", 0)) // self.bufs[0].dtype.itemsize
+
+  @property
+  def simd_registers(self) -> int:
+    """Vector registers of that CPU: 32 with AVX-512 (64-byte registers), 16 with AVX2 or narrower."""
+    return 32 if int(getattr(self.opts, "simd_bytes", 0)) >= 64 else 16
+
   def _cpu_output_strip(self) -> bool:
     """CPU matmul-like reduce: upcast a wide strip of the last output axis (True when applied).
 
@@ -539,7 +549,7 @@ class Kernel:
     if out[axis] != 1 or vec is None or not any(s[axis] == 0 for s in ins):
       return False
     rows = [a for a in range(axis) if out[a] != 0 and vec[a] == 0 and any(s[a] != 0 for s in ins if s is not vec)]
-    lanes = int(getattr(self.opts, "simd_bytes", 0)) // self.bufs[0].dtype.itemsize
+    lanes = self.simd_lanes
     if lanes > 1:
       # the codegen re-vectorizes: a register tile of rows x (1 or 2 vectors) fed by one vector load and one broadcast per
       # row each step, using half the register file for accumulators (1024² on AVX-512: 8x32 tile ~230 GFLOP/s, 1x128 ~95;
@@ -552,7 +562,7 @@ class Kernel:
       width = width or next((w for w in (8, 4) if self.full_shape[axis] % w == 0), None)
       if width is None:
         return False
-      regs = 32 if lanes * self.bufs[0].dtype.itemsize >= 64 else 16
+      regs = self.simd_registers
       # registers per row: the strip folds into vectors of lanes, lanes/2, ... (20 -> 16 + 4: two)
       vecs, left = 0, width
       while left > 0:
@@ -582,7 +592,7 @@ class Kernel:
     """CPU reduce over a strided axis (`x.sum(0)`): upcast the output axis that every input reads with stride 1 to a
     vector-register strip (True when applied). Each reduce step then loads whole vectors and adds them into vector
     accumulators, instead of one strided scalar per output (4096² sum(0) on CLANG: ~1.3 -> ~60 GB/s)."""
-    lanes = int(getattr(self.opts, "simd_bytes", 0)) // self.bufs[0].dtype.itemsize
+    lanes = self.simd_lanes
     if lanes <= 1 or self.reduceop is None or self.first_reduce == 0 or self.upcasted or not all_int(self.full_shape):
       return False
     axis = self.first_reduce - 1
@@ -595,15 +605,13 @@ class Kernel:
       return False
     # as many vector accumulators as half the register file: each pass over the reduce axis touches one page per row,
     # so wider strips mean fewer passes (4096² sum(0): 2 vectors ~20 GB/s, 8 ~48, 16 ~63)
-    vecs = 16 if lanes * self.bufs[0].dtype.itemsize >= 64 else 8
+    vecs = self.simd_registers // 2
     width = next((w for w in (vecs * lanes, 8 * lanes, 4 * lanes, 2 * lanes, lanes, 8, 4) if self.full_shape[axis] % w == 0), None)
     if width is None:
       return False
     try:
-      while width > 1:
-        step = min(width, 16)
+      for step in _upcast_steps(width, 16) or []:
         self.apply_opt(Opt(OptOps.UPCAST, axis, step))
-        width //= step
     except KernelOptError:
       return bool(self.upcasted)
     return True
@@ -615,7 +623,7 @@ class Kernel:
 
     (GPT-2's 128x768 @ 768x2304ᵀ on AVX-512: 4x3 tile ~280 GFLOP/s, 4x2 ~260, the generic heuristic ~50; a 5x5 conv's
     weight gradient, reduced over 20-wide rows, unrolls by 4: ~40 -> ~105.)"""
-    lanes = int(getattr(self.opts, "simd_bytes", 0)) // self.bufs[0].dtype.itemsize
+    lanes = self.simd_lanes
     if lanes <= 1 or self.reduceop is None or self.reduceop.op is not ReduceOps.SUM or len(self.reduceops) != 1 or self.upcasted or \
         not all_int(self.full_shape) or self.first_reduce == 0:
       return False
@@ -706,7 +714,7 @@ class Kernel:
     upcasted_axis = set()
     # a constant "broadcasts" along every axis but is no reuse worth registers; on a SIMD CPU it would only cut the
     # vector width of an elementwise kernel to the 4 this loop picks
-    simd_cpu = not self.opts.has_local and int(getattr(self.opts, "simd_bytes", 0)) > 0
+    simd_cpu = not self.opts.has_local and self.simd_lanes > 0
     reuse = [i for i in range(len(self.sts)) if not (simd_cpu and i < len(self.bufs) and isinstance(self.bufs[i], ConstBuffer))]
     while _size_hint(self.sts[0].shape[:self.first_reduce]) >= 1024:
       xb_choices = []
@@ -744,7 +752,7 @@ class Kernel:
           pass
       elif not vector_reduce:
         # on a SIMD CPU a long contiguous reduce unrolls by one vector: the codegen keeps those lanes in a vector accumulator
-        lanes = int(getattr(self.opts, "simd_bytes", 0)) // self.bufs[0].dtype.itemsize
+        lanes = self.simd_lanes
         lane_reduce = not self.opts.has_local and lanes > 1 and self.upcasted == 0 and isinstance(s, int) and s % lanes == 0 and \
             self._contiguous_reduce(self.first_upcast - 1)
         for splits in ([lanes] if lane_reduce else [4]):
@@ -758,7 +766,7 @@ class Kernel:
     # contiguous there: the codegen then computes whole vectors)
     if self.upcasted == 0 and self.first_reduce > 0 and _divides(4, self.full_shape[self.first_reduce - 1]) and \
         _size_hint(self.sts[0].shape[:self.first_reduce]) >= 64 and not vector_reduce:
-      amt, lanes = 4, int(getattr(self.opts, "simd_bytes", 0)) // self.bufs[0].dtype.itemsize
+      amt, lanes = 4, self.simd_lanes
       if not self.opts.has_local and lanes > 4 and _divides(lanes, self.full_shape[self.first_reduce - 1]) and \
           self.sts[0].real_strides()[self.first_reduce - 1] == 1:
         amt = lanes
