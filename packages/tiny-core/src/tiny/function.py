@@ -343,12 +343,12 @@ class Conv(Function):
   def forward(self, x: LazyBuffer, w: LazyBuffer, padding: Tuple[int, ...] = (), acc_dtype: Optional[DType] = None) -> LazyBuffer:
     from tiny.tensor import Tensor
     self.x, self.w, self.padding, self.acc_dtype = x, w, padding, acc_dtype
-    with _NoGrad():
+    with Tensor.inference_mode():
       return Tensor(x, device=x.device)._conv_composed(Tensor(w, device=w.device), padding=list(padding), acc_dtype=acc_dtype).lazydata
 
   def backward(self, grad_output: LazyBuffer) -> Tuple[Optional[LazyBuffer], Optional[LazyBuffer]]:
     from tiny.tensor import Tensor
-    with _NoGrad():
+    with Tensor.inference_mode():
       g = Tensor(grad_output, device=grad_output.device)
       x, w = Tensor(self.x, device=self.x.device), Tensor(self.w, device=self.w.device)
       ks = w.shape[2:]
@@ -366,14 +366,3 @@ class Conv(Function):
         gw = prod_.sum((0, *range(3, 3 + nd)), acc_dtype=self.acc_dtype).cast(w.dtype).lazydata
     return gx, gw
 
-
-class _NoGrad:
-  """Build Tensor graphs inside a Function without recording autograd."""
-
-  def __enter__(self) -> None:
-    from tiny.tensor import Tensor
-    self.prev, Tensor.no_grad = Tensor.no_grad, True
-
-  def __exit__(self, *args: object) -> None:
-    from tiny.tensor import Tensor
-    Tensor.no_grad = self.prev
