@@ -16,7 +16,7 @@ from tiny.codegen.uops import UOp, UOps
 from tiny.dtype import DType, PtrDType, dtypes
 from tiny.helpers import to_function_name
 from tiny.ops import BinaryOps, TernaryOps, UnaryOps
-from tiny.renderer import Renderer
+from tiny.renderer import Renderer, lazy_gated_alternatives
 
 from tiny_clang.renderer import _loop_structure, _only_through, host_simd_bytes
 
@@ -127,16 +127,7 @@ class _Builder:
     self.split = top[0] if len(top) == 1 and not top[0].arg[1] and not store_outside else None
     self.reassoc = self._reduction_adds()
     # the per-lane alternative of a gated vector load (and its lane loads) is emitted inside that load's fallback path
-    uses: Dict[UOp, int] = {}
-    for u in uops:
-      for x in u.src:
-        uses[x] = uses.get(x, 0) + 1
-    self.lazy: Set[UOp] = set()
-    for u in uops:
-      if u.op is UOps.LOAD and len(u.src) > 3 and u.dtype is not None and u.dtype.count > 1 and u.src[3].op is UOps.VECTORIZE and \
-          uses[u.src[3]] == 1 and all(x.op is UOps.LOAD and uses[x] == 1 for x in u.src[3].src):
-        self.lazy.add(u.src[3])
-        self.lazy.update(u.src[3].src)
+    self.lazy = lazy_gated_alternatives(uops)
 
   # *** helpers ***
 

@@ -8,11 +8,29 @@ packages and the PYTHON emulator share one definition.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 if TYPE_CHECKING:
   from tiny.codegen.uops import UOp
   from tiny.dtype import DType
+
+
+def lazy_gated_alternatives(uops: Sequence[UOp]) -> Set[UOp]:
+  """The per-lane fallbacks of gated vector loads: each such LOAD's VECTORIZE alternative and the lane LOADs in it, when
+  used only there. A renderer emits them inside the load's fallback path, never ahead of it, so a lane is only read when
+  the whole-vector gate is false and that lane's own gate is true."""
+  from tiny.codegen.uops import UOps
+  uses: Dict[UOp, int] = {}
+  for u in uops:
+    for x in u.src:
+      uses[x] = uses.get(x, 0) + 1
+  lazy: Set[UOp] = set()
+  for u in uops:
+    if u.op is UOps.LOAD and len(u.src) > 3 and u.dtype is not None and u.dtype.count > 1 and (alt := u.src[3]).op is UOps.VECTORIZE and \
+        uses[alt] == 1 and all(x.op is UOps.LOAD and uses[x] == 1 for x in alt.src):
+      lazy.add(alt)
+      lazy.update(alt.src)
+  return lazy
 
 
 @dataclass(frozen=True)

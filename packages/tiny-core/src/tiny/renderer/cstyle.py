@@ -15,7 +15,7 @@ from tiny.dtype import dtypes
 from tiny.codegen.uops import UOp, UOps
 from tiny.helpers import strip_parens
 from tiny.ops import BinaryOps, TernaryOps, UnaryOps
-from tiny.renderer import Renderer
+from tiny.renderer import Renderer, lazy_gated_alternatives
 
 if TYPE_CHECKING:
   from tiny.dtype import DType
@@ -218,14 +218,8 @@ class CStyleLanguage(Renderer):
     r: Dict[UOp, str] = {}
     uses = Counter(s for u in uops for s in u.src)
     mutable: Set[UOp] = set()  # accumulators: expressions reading them must not be moved past a PHI
-    # a gated vector load's alternative (a VECTORIZE of per-lane gated loads) is written inline, inside the ternary, so
-    # the lanes are only read when the whole-vector gate is false
-    lazy: Set[UOp] = set()
-    for u in uops:
-      if u.op is UOps.LOAD and len(u.src) > 3 and u.dtype is not None and u.dtype.count > 1 and (alt := u.src[3]).op is UOps.VECTORIZE \
-          and uses[alt] == 1:
-        lazy.add(alt)
-        lazy.update(s for s in alt.src if s.op is UOps.LOAD and uses[s] == 1)
+    # a gated vector load's alternative (a VECTORIZE of per-lane gated loads) is written inline, inside the ternary
+    lazy = lazy_gated_alternatives(uops)
 
     def emit(line: str) -> None:
       kernel.append("  " * depth + line)
