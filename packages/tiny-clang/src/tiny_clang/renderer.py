@@ -15,9 +15,10 @@ half/bf16 results on any compiler (clang 14 has no x86 _Float16 arithmetic, gcc 
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple, cast
+from typing import Any, Callable, Dict, FrozenSet, List, Optional, Set, Tuple, cast
 
 from tiny.codegen.uops import UOp, UOps
 from tiny.dtype import DType, PtrDType, dtypes
@@ -120,12 +121,18 @@ def host_simd_bytes() -> int:
   """Width of the host's vector registers in bytes (64 with AVX-512, 32 with AVX, 16 otherwise); $SIMD_BYTES overrides."""
   if (env := os.environ.get("SIMD_BYTES")):
     return int(env)
+  flags = _cpu_flags()
+  return 64 if "avx512f" in flags else 32 if "avx" in flags else 16
+
+
+@functools.lru_cache(None)
+def _cpu_flags() -> FrozenSet[str]:
+  # read once per process: every renderer instance (tests build many) asks
   try:
     with open("/proc/cpuinfo") as f:
-      flags = next((line.split(":", 1)[1].split() for line in f if line.startswith(("flags", "Features"))), [])
+      return frozenset(next((line.split(":", 1)[1].split() for line in f if line.startswith(("flags", "Features"))), []))
   except OSError:
-    flags = []
-  return 64 if "avx512f" in flags else 32 if "avx" in flags else 16
+    return frozenset()
 
 
 class ClangRenderer(CStyleLanguage):

@@ -17,6 +17,17 @@ import math
 from typing import Any, Callable, List, Tuple
 
 
+# polynomial coefficients, highest power first: 2^f (Taylor, ln2^k/k!) and atanh(s)/s in s^2 (1/(2k+1))
+_EXP2_POLY = ("1.5252733804059838e-05", "1.5403530393381606e-04", "1.3333558146428441e-03", "9.6181291076284772e-03",
+              "5.5504108664821576e-02", "2.4022650695910071e-01", "6.9314718055994531e-01", "1.0")
+_LOG2_POLY = ("0.0909090909090909", "0.1111111111111111", "0.1428571428571428", "0.2", "0.3333333333333333", "1.0")
+
+
+def _c_horner(vec: str, x: str, coeffs: Tuple[str, ...]) -> str:
+  """C lines computing `vec p` = the polynomial in x by Horner's rule (`zero` broadcasts the first coefficient)."""
+  return "\n".join([f"  {vec} p = zero + {coeffs[0]}f;"] + [f"  p = p * {x} + {c}f;" for c in coeffs[1:]])
+
+
 def exp2_source(vec: str, ivec: str) -> str:
   """C for `static inline vec tiny_exp2_<vec>(vec x)`; ivec is the int32 vector type with the same lane count."""
   return f"""static inline {vec} tiny_exp2_{vec}({vec} x) {{
@@ -27,14 +38,7 @@ def exp2_source(vec: str, ivec: str) -> str:
   xc = ({vec})((({ivec})xc & ~lo & ~hi) | (({ivec})(zero - 152.0f) & lo) | (({ivec})(zero + 129.0f) & hi));
   {vec} n = (xc + 12582912.0f) - 12582912.0f;
   {vec} f = xc - n;
-  {vec} p = zero + 1.5252733804059838e-05f;
-  p = p * f + 1.5403530393381606e-04f;
-  p = p * f + 1.3333558146428441e-03f;
-  p = p * f + 9.6181291076284772e-03f;
-  p = p * f + 5.5504108664821576e-02f;
-  p = p * f + 2.4022650695910071e-01f;
-  p = p * f + 6.9314718055994531e-01f;
-  p = p * f + 1.0f;
+{_c_horner(vec, "f", _EXP2_POLY)}
   {ivec} ni = __builtin_convertvector(n, {ivec});
   {ivec} n1 = ni >> 1, n2 = ni - n1;
   {vec} s1 = ({vec})((n1 + 127) << 23), s2 = ({vec})((n2 + 127) << 23);
@@ -57,12 +61,7 @@ def log2_source(vec: str, ivec: str) -> str:
   e = e + (big & 1);
   {vec} s = (m - 1.0f) / (m + 1.0f);
   {vec} s2 = s * s;
-  {vec} p = zero + 0.0909090909090909f;
-  p = p * s2 + 0.1111111111111111f;
-  p = p * s2 + 0.1428571428571428f;
-  p = p * s2 + 0.2f;
-  p = p * s2 + 0.3333333333333333f;
-  p = p * s2 + 1.0f;
+{_c_horner(vec, "s2", _LOG2_POLY)}
   {vec} r = __builtin_convertvector(e, {vec}) + s * p * 2.8853900817779268f;
   {ivec} iszero = ({ivec})(x == 0.0f), neg = ({ivec})(x < 0.0f), inf = ({ivec})(x == __builtin_inff()), nan = ({ivec})(x != x);
   {ivec} out = ({ivec})r;
@@ -74,10 +73,6 @@ def log2_source(vec: str, ivec: str) -> str:
 
 
 # *** the same two functions in LLVM IR (for LLVMRenderer; llvm.exp2/llvm.log2 on vectors become scalar libm calls) ***
-
-_EXP2_POLY = ("1.5252733804059838e-05", "1.5403530393381606e-04", "1.3333558146428441e-03", "9.6181291076284772e-03",
-              "5.5504108664821576e-02", "2.4022650695910071e-01", "6.9314718055994531e-01", "1.0")
-_LOG2_POLY = ("0.0909090909090909", "0.1111111111111111", "0.1428571428571428", "0.2", "0.3333333333333333", "1.0")
 
 
 class _IR:
