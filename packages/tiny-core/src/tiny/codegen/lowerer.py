@@ -143,9 +143,10 @@ class Lowerer:
     # reduce dims get their ranges from each reduce; views that see this placeholder have size 1 there
     while len(idxs) < self.first_upcasted:
       idxs.append(UOp.const(IDX, 0))
+    # an unrolled reduce axis is a lane only inside its reduce: outside it (the store, elementwise ops after the
+    # reduce) views have size 1 there, and an EXPAND would turn one store into one store per lane
     for a in range(self.first_upcasted, self.shape_len):
-      s = fs[a]
-      idxs.append(UOp(UOps.EXPAND, IDX, tuple(UOp.const(IDX, i) for i in range(s)), ((a, s),)))
+      idxs.append(self._upcast_expand(a) if self.out_shape[a] == fs[a] else UOp.const(IDX, 0))
     if self.tc is not None:
       # outside the tensor-core reduce, the N and M tile coordinates are those of the C registers this lane holds
       n_ax, m_ax, k_ax = self.tc_axes
@@ -153,6 +154,10 @@ class Lowerer:
       idxs[k_ax] = UOp.const(IDX, 0)
     assert len(idxs) == self.shape_len
     return idxs
+
+  def _upcast_expand(self, a: int) -> UOp:
+    s = self.full_shape[a]
+    return UOp(UOps.EXPAND, IDX, tuple(UOp.const(IDX, i) for i in range(s)), ((a, s),))
 
   def _layout_expand(self, operand: str, coord: int) -> UOp:
     """An EXPAND over the registers of a tensor-core operand, giving row (coord 0) or column (coord 1) per register."""
@@ -243,10 +248,11 @@ class Lowerer:
     new_idxs = list(idxs)
     ranges = []
     for a in axes:
-      if a < self.first_reduce + self.group or a >= self.first_upcasted:
-        continue
-      new_idxs[a] = r = self._fresh_range(a)
-      ranges.append(r)
+      if a >= self.first_upcasted:
+        new_idxs[a] = self._upcast_expand(a)
+      elif a >= self.first_reduce + self.group:
+        new_idxs[a] = r = self._fresh_range(a)
+        ranges.append(r)
     val = self.to_uop(x.src[0], new_idxs)
     contract = tuple((a, self.full_shape[a]) for a in axes if a >= self.first_upcasted)
     if contract:
