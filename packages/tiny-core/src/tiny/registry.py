@@ -169,6 +169,7 @@ class _Device:
     if (inst := self._by_spelling.get(device)) is not None and self._seen == plugins.generation():
       return inst
     with self._lock:
+      self._sync()   # forget instances of reset plugins before looking one up (parse syncs only for ids with a ':')
       did = self.parse(device)
       inst, reason, exc = self._try_get(did)
       if reason is not None:

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, Generator, List, Optional, Tuple
 
+from tiny import plugins
 from tiny.device import Buffer, Compiled
 from tiny.helpers import BEAM, CAPTURING, DEBUG, NOOPT, GlobalCounters, Metadata, ansilen, colored, getenv, to_function_name
 from tiny.ops import LazyOp, MetaOps
@@ -152,20 +153,29 @@ def get_kernel(renderer: Renderer, ast: LazyOp) -> Any:
   return Kernel(ast, opts=renderer).hand_coded_optimizations()
 
 
-# (device, ast, beam level, device-kind-only) -> runner. The kind-only entry lets CUDA:1 reuse CUDA:0's binary.
-method_cache: Dict[Tuple[str, LazyOp, int, bool], CompiledRunner] = {}
+# (device, renderer key, ast, beam level, device-kind-only) -> runner. The kind-only entry lets CUDA:1 reuse CUDA:0's
+# binary; the renderer key keeps CUDA:PTX (another renderer of the same kind) or another arch from reusing it.
+method_cache: Dict[Tuple[str, Tuple[Any, ...], LazyOp, int, bool], CompiledRunner] = {}
+_method_cache_plugins: Tuple[int, int] = (-1, -1)
 
 
 def get_runner(dname: str, ast: LazyOp) -> CompiledRunner:
   """The compiled runner for ast on device dname, from the method cache when possible."""
-  ckey = (dname, ast, BEAM.value, False)
+  global _method_cache_plugins
+  if (gen := plugins.generation()) != _method_cache_plugins:
+    # plugins were reset or registered: a device name may now stand for another renderer or toolchain
+    method_cache.clear()
+    _method_cache_plugins = gen
+  renderer = _device(dname).renderer
+  rkey = renderer.cache_key()
+  ckey = (dname, rkey, ast, BEAM.value, False)
   if (cret := method_cache.get(ckey)) is not None:
     return cret
-  bkey = (dname.split(":")[0], ast, BEAM.value, True)
+  bkey = (dname.split(":")[0], rkey, ast, BEAM.value, True)
   if (bret := method_cache.get(bkey)) is not None:
     ret = CompiledRunner(replace(bret.p, dname=dname), bret.lib)
   else:
-    prg: Program = get_kernel(_device(dname).renderer, ast).to_program()
+    prg: Program = get_kernel(renderer, ast).to_program()
     ret = CompiledRunner(replace(prg, dname=dname))
     method_cache[bkey] = ret
   method_cache[ckey] = ret

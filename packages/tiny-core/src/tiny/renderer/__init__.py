@@ -218,6 +218,16 @@ class Renderer:
   extra_matcher: Any = None
   code_for_op: Dict[Any, Callable] = {}
 
+  def cache_key(self) -> Tuple[Any, ...]:
+    """What decides the code this renderer writes: its class and its settings (arch, vector width, ...).
+
+    Compiled programs are cached under it, so two renderers of one device (CUDA and CUDA:PTX) or one renderer with
+    two archs never share a program. A renderer whose output depends on more than its plain attributes overrides it."""
+    plain = (str, int, float, bool, type(None))
+    attrs = tuple(sorted((k, v) for k, v in vars(self).items()
+                         if isinstance(v, plain) or (isinstance(v, tuple) and all(isinstance(x, plain) for x in v))))
+    return (type(self).__module__, type(self).__qualname__, self.device, self.suffix, self.simd_bytes, attrs)
+
   def render(self, name: str, uops: List[UOp]) -> str:
     """Source code for the kernel `name` from its linearized uops."""
     raise NotImplementedError(f"{type(self).__name__} does not implement render")
