@@ -170,3 +170,102 @@ def test_a_raising_hook_hides_no_other_plugin(tmp_path: Path) -> None:
   assert r.returncode == 0, r.stderr
   found, errors = r.stdout.splitlines()
   assert found == "True" and "hook tiny_devices raised: KeyError: 'hook bug'" in errors
+
+
+# ---- plugins that end the process, hang, or lie about their specs ----
+
+def _site_with(tmp_path: Path, name: str, body: str) -> Path:
+  """A site with the example plugin and one throw-away plugin whose module source is body."""
+  proj = write_project(tmp_path / "src", f"tiny-{name}", name, f"tiny_{name}.plugin", body)
+  site = tmp_path / "site"
+  site.mkdir()
+  install_into(site, PLUGINS / "tiny-example")
+  install_into(site, proj)
+  return site
+
+
+_SPEC = """
+    import sys, time
+    from tiny.plugins import DeviceSpec, hookimpl
+    TINY_PLUGIN_API = "1.0"
+    def _f(device):
+      raise AssertionError("never built")
+"""
+
+_USE = ("from tiny import Device, plugins\nprint(Device.DEFAULT)\nprint('EXAMPLE' in Device._devices)\n"
+        "print([r.error for r in plugins.plugin_records() if r.error])")
+
+
+@pytest.mark.parametrize("where,code", [
+  ("import", "sys.exit(3)"),
+  ("import", "raise SystemExit('bye')"),
+  ("hook", "@hookimpl\ndef tiny_devices():\n  sys.exit(4)"),
+  ("hook", "@hookimpl\ndef tiny_devices():\n  raise GeneratorExit()"),
+  ("probe", "@hookimpl\ndef tiny_devices():\n  return [DeviceSpec(name='EXITER', allocator=_f, renderer=_f, compiler=_f, runtime=_f, priority=999,"
+            " probe=lambda: sys.exit(5))]"),
+  ("factory", "def _exit(device):\n  sys.exit(6)\n@hookimpl\ndef tiny_devices():\n  return [DeviceSpec(name='EXITER', allocator=_f, renderer=_f,"
+              " compiler=_f, runtime=_f, priority=999, device_factory=_exit)]"),
+])
+def test_a_plugin_cannot_end_the_process(tmp_path: Path, where: str, code: str) -> None:
+  site = _site_with(tmp_path, "exiter", _SPEC + textwrap.indent(code, "    "))
+  r = run(_USE, site)
+  assert r.returncode == 0, f"the plugin's {where} ended the process: rc={r.returncode}\n{r.stderr}"
+  default, found, errors = r.stdout.splitlines()
+  assert default != "EXITER" and found == "True"
+  if where in ("import", "hook"):
+    assert "exiter" in errors.lower() or "SystemExit" in errors or "GeneratorExit" in errors, errors
+  d = run(None, site, args=["-m", "tiny", "doctor"])
+  assert "default device:" in d.stdout, d.stderr
+
+
+def test_a_hanging_probe_or_hook_is_reported_not_waited_for(tmp_path: Path) -> None:
+  site = _site_with(tmp_path, "sleeper", _SPEC + """
+    @hookimpl
+    def tiny_devices():
+      return [DeviceSpec(name="SLEEPER", allocator=_f, renderer=_f, compiler=_f, runtime=_f, priority=999, probe=lambda: time.sleep(600))]
+    @hookimpl
+    def tiny_renderers():
+      time.sleep(600)
+  """)
+  r = run(_USE + "\nprint(Device.availability('SLEEPER'))", site, {"TINY_PLUGIN_TIMEOUT": "0.5"})
+  assert r.returncode == 0, r.stderr
+  default, found, errors, why = r.stdout.splitlines()
+  assert default != "SLEEPER" and found == "True"
+  assert "hook tiny_renderers hung" in errors and "did not return within 0.5 s" in errors
+  assert "probe of device SLEEPER did not return within 0.5 s" in why
+  d = run(None, site, {"TINY_PLUGIN_TIMEOUT": "0.5"}, args=["-m", "tiny", "doctor"]).stdout
+  assert "SLEEPER" in d and "did not return within" in d
+
+
+@pytest.mark.parametrize("field,value,complaint", [
+  ("priority", "'high'", "priority must be an int"),
+  ("priority", "True", "priority must be an int"),
+  ("probe", "'yes'", "probe must be callable"),
+  ("graph", "42", "graph must be callable or None"),
+  ("allocator", "None", "allocator must be callable"),
+])
+def test_bad_device_specs_are_refused_at_registration(tmp_path: Path, field: str, value: str, complaint: str) -> None:
+  kw = dict(allocator="_f", renderer="_f", compiler="_f", runtime="_f")
+  kw[field] = value
+  args = ", ".join(f"{k}={v}" for k, v in kw.items())
+  site = _site_with(tmp_path, "liar", _SPEC + f"""
+    @hookimpl
+    def tiny_devices():
+      return [DeviceSpec(name="LIAR", {args})]
+  """)
+  r = run(_USE + "\nprint(Device.get_available_devices())", site)
+  assert r.returncode == 0, r.stderr
+  default, found, errors, avail = r.stdout.splitlines()
+  assert default != "LIAR" and found == "True" and "LIAR" not in avail
+  assert complaint in errors
+
+
+def test_claiming_a_taken_name_warns_at_runtime(tmp_path: Path) -> None:
+  site = _site_with(tmp_path, "thief", _SPEC + """
+    @hookimpl
+    def tiny_devices():
+      return [DeviceSpec(name="EXAMPLE", allocator=_f, renderer=_f, compiler=_f, runtime=_f)]
+  """)
+  r = run("import warnings\nwarnings.simplefilter('default')\nfrom tiny import Device\nDevice.DEFAULT\nDevice.DEFAULT", site)
+  assert r.returncode == 0, r.stderr
+  assert r.stderr.count("RuntimeWarning") == 1 and "device 'EXAMPLE' is claimed by two plugins" in r.stderr

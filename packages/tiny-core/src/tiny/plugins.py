@@ -24,6 +24,7 @@ import os
 import re
 import threading
 import traceback
+import warnings
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
@@ -183,6 +184,85 @@ def _short_error(e: BaseException) -> str:
   return f"{type(e).__name__}: {e}"
 
 
+def _reraise_interrupt(e: BaseException) -> None:
+  """Plugin code may raise anything (SystemExit too) and that must not end the user's process; Ctrl-C still does."""
+  if isinstance(e, KeyboardInterrupt):
+    raise e
+
+
+def plugin_timeout() -> float:
+  """Seconds a probe or hook may take before it is reported as hanging (TINY_PLUGIN_TIMEOUT, default 5)."""
+  try:
+    return max(0.01, float(os.environ.get("TINY_PLUGIN_TIMEOUT", "5")))
+  except ValueError:
+    return 5.0
+
+
+class PluginTimeout(PluginError):
+  """A plugin's probe or hook did not return in time (it keeps running in a daemon thread, its result is ignored)."""
+
+
+def _bounded(fn: Callable[[], Any], what: str) -> Any:
+  """fn() run in a daemon thread: its value, its exception re-raised here, or PluginTimeout when it hangs.
+
+  A hanging probe would otherwise hang Device.DEFAULT and every program that asks for it."""
+  out: Dict[str, Any] = {}
+
+  def target() -> None:
+    try:
+      out["value"] = fn()
+    except BaseException as e:   # handed to the caller, which decides
+      out["error"] = e
+  t = threading.Thread(target=target, name=f"tiny plugin: {what}", daemon=True)
+  t.start()
+  t.join(plugin_timeout())
+  if t.is_alive():
+    raise PluginTimeout(f"{what} did not return within {plugin_timeout():g} s (TINY_PLUGIN_TIMEOUT)")
+  if "error" in out:
+    raise out["error"]
+  return out.get("value")
+
+
+def _callable_or_none(x: Any) -> bool:
+  return x is None or callable(x)
+
+
+def _spec_problems(x: Any) -> List[str]:
+  """What is wrong with a DeviceSpec or RendererSpec a plugin returned (empty when it is fine).
+
+  Checked at registration so that one bad spec (priority="high") cannot break default selection for every device."""
+  bad: List[str] = []
+  if isinstance(x, DeviceSpec):
+    if not isinstance(x.name, str) or not _DEVICE_NAME.fullmatch(x.name):
+      bad.append(f"name {x.name!r} must be upper-case letters, digits and _, starting with a letter")
+    if not isinstance(x.priority, int) or isinstance(x.priority, bool):
+      bad.append(f"priority must be an int, got {x.priority!r}")
+    for f in ("allocator", "renderer", "compiler", "runtime", "probe"):
+      if not callable(getattr(x, f)):
+        bad.append(f"{f} must be callable, got {getattr(x, f)!r}")
+    for f in ("graph", "device_factory"):
+      if not _callable_or_none(getattr(x, f)):
+        bad.append(f"{f} must be callable or None, got {getattr(x, f)!r}")
+  elif isinstance(x, RendererSpec):
+    for f in ("device", "name"):
+      if not isinstance(getattr(x, f), str) or not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", getattr(x, f)):
+        bad.append(f"{f} {getattr(x, f)!r} must be a name of letters, digits and _, starting with a letter")
+    if not callable(x.renderer):
+      bad.append(f"renderer must be callable, got {x.renderer!r}")
+    if not _callable_or_none(x.compiler):
+      bad.append(f"compiler must be callable or None, got {x.compiler!r}")
+  return bad
+
+
+_warned: set = set()
+
+
+def _warn_once(msg: str) -> None:
+  if msg not in _warned:
+    _warned.add(msg)
+    warnings.warn(msg, RuntimeWarning, stacklevel=3)
+
+
 class _PluginState:
   """All discovery results. One instance per process; reset() drops it (tests)."""
 
@@ -227,7 +307,8 @@ class _PluginState:
       unknown = [hc.name for hc in (self.pm.get_hookcallers(module) or []) if hc.spec is None]
       if unknown:
         raise PluginError(f"unknown hook(s) {', '.join(unknown)}; tiny plugin API {PLUGIN_API_VERSION} has tiny_devices, tiny_renderers")
-    except Exception as e:
+    except BaseException as e:
+      _reraise_interrupt(e)
       if self.pm.is_registered(module):
         self.pm.unregister(module)
       if explicit:
@@ -258,16 +339,18 @@ class _PluginState:
       if impl.plugin is not module:
         continue
       try:
-        res = impl.function()
+        res = _bounded(impl.function, f"hook {hook} of plugin {rec.label}")
         if res is None:
           continue
         if not isinstance(res, (list, tuple)) or not all(isinstance(x, kind) for x in res):
           raise PluginError(f"{hook}() must return a list of {kind.__name__}, got {res!r}")
-        if kind is DeviceSpec and (bad := [x.name for x in res if not _DEVICE_NAME.fullmatch(x.name)]):
-          raise PluginError(f"device names {bad} must be upper-case letters, digits and _, starting with a letter")
+        problems = [f"{getattr(x, 'name', '?')!r}: {p}" for x in res for p in _spec_problems(x)]
+        if problems:
+          raise PluginError(f"{hook}() returned bad specs: " + "; ".join(problems))
         out.extend(res)
-      except Exception as e:
-        self._fail(rec, f"hook {hook} raised", e)
+      except BaseException as e:
+        _reraise_interrupt(e)
+        self._fail(rec, f"hook {hook} {'hung' if isinstance(e, PluginTimeout) else 'raised'}", e)
     return out
 
   def _take(self, rec: PluginRecord, dspecs: List[DeviceSpec], rspecs: List[RendererSpec]) -> None:
@@ -282,6 +365,8 @@ class _PluginState:
         other.plugin.error = other.plugin.error or msg
         if strict():
           raise PluginError(msg)
+        # the device is now unusable, so the default may silently move to another one: say so where the user sees it
+        _warn_once(msg + " (neither is used)")
       else:
         self.devices[spec.name] = DeviceEntry(spec.name, spec, rec)
     for rs in rspecs:
@@ -306,7 +391,8 @@ class _PluginState:
       return
     try:
       module = ep.load()
-    except Exception as e:
+    except BaseException as e:
+      _reraise_interrupt(e)
       self._fail(rec, "import failed", e)
       return
     if not isinstance(module, ModuleType):
@@ -404,13 +490,14 @@ def probe_device(entry: DeviceEntry) -> Optional[str]:
   if entry.name in _probe_cache:
     return _probe_cache[entry.name]
   try:
-    reason = entry.spec.probe()
+    reason = _bounded(entry.spec.probe, f"probe of device {entry.name}")
     if reason is not None and not isinstance(reason, str):
       reason = f"probe returned {reason!r} instead of None or a reason"
-  except Exception as e:
+  except BaseException as e:
+    _reraise_interrupt(e)
     if strict():
       raise PluginError(f"probe of device {entry.name} from plugin {entry.plugin.label} raised {_short_error(e)}") from e
-    reason = f"probe raised {_short_error(e)}"
+    reason = str(e) if isinstance(e, PluginTimeout) else f"probe raised {_short_error(e)}"
     entry.plugin.warnings.append(f"probe of {entry.name} raised:\n" + "".join(traceback.format_exception(type(e), e, e.__traceback__)))
   _probe_cache[entry.name] = reason
   return reason

@@ -157,7 +157,9 @@ class _Device:
       return None, reason, None
     try:
       inst = self._build(did, spec)
-    except Exception as e:
+    except BaseException as e:   # a factory that calls sys.exit() must not end the user's process
+      if isinstance(e, KeyboardInterrupt):
+        raise
       self._reasons.setdefault(key, reason := f"creating it raised {type(e).__name__}: {e}")
       return None, reason, e
     self._instances[key] = inst
