@@ -282,12 +282,13 @@ class Tensor:
 
   def realize(self, *lst: Tensor, do_update_stats: bool = True) -> Tensor:
     """Compute these tensors now (run their kernels). Returns self."""
-    from tiny.engine.realize import run_schedule
-    schedule, var_vals = self.schedule_with_vars(*lst)
-    if do_update_stats:
-      run_schedule(schedule, var_vals)
-    else:
-      run_schedule(schedule, var_vals, do_update_stats=False)
+    from tiny.engine.realize import realize_lock, run_schedule
+    with realize_lock:
+      schedule, var_vals = self.schedule_with_vars(*lst)
+      if do_update_stats:
+        run_schedule(schedule, var_vals)
+      else:
+        run_schedule(schedule, var_vals, do_update_stats=False)
     return self
 
   def replace(self, x: Tensor) -> Tensor:
@@ -334,10 +335,12 @@ class Tensor:
   def _data(self) -> memoryview:
     if 0 in self.shape:
       return memoryview(bytearray(0))
-    t = self.cast(self.dtype.scalar()).contiguous().realize()
-    buf = t.lazydata.base.realized
-    assert buf is not None, f"{t.lazydata.base} was not realized"
-    return buf.as_buffer()
+    from tiny.engine.realize import realize_lock
+    with realize_lock:
+      t = self.cast(self.dtype.scalar()).contiguous().realize()
+      buf = t.lazydata.base.realized
+      assert buf is not None, f"{t.lazydata.base} was not realized"
+      return buf.as_buffer()
 
   def data(self) -> memoryview[Any]:
     """The contents as a memoryview shaped like the tensor."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import threading
 from typing import Any, Callable, Dict, Generic, Iterator, List, Optional, Sequence, Set, Tuple, TypeVar, Union, cast
 
 from tiny.device import Buffer, Compiled
@@ -143,6 +144,7 @@ class TinyJit(Generic[ReturnType]):
   def __init__(self, fxn: Callable[..., ReturnType]):
     self.fxn = fxn
     functools.update_wrapper(self, fxn)  # type: ignore[arg-type]
+    self._lock = threading.RLock()
     self.reset()
 
   def reset(self) -> None:
@@ -193,6 +195,11 @@ class TinyJit(Generic[ReturnType]):
   def __call__(self, *args: Any, **kwargs: Any) -> ReturnType:
     if not JIT:
       return self.fxn(*args, **kwargs)
+    # the call count, the capture and the replay's buffer slots are this object's state: one call at a time
+    with self._lock:
+      return self._call(args, kwargs)
+
+  def _call(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> ReturnType:
     names, tensors, var_vals = self._inputs(args, kwargs)
     if self.cnt == 0:
       ret = self.fxn(*args, **kwargs)

@@ -6,6 +6,7 @@ optimized and compiled once per process); `BufferCopy`/`BufferXfer` move data be
 """
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, Generator, List, Optional, Tuple
@@ -271,8 +272,31 @@ def lower_schedule(schedule: List[Any]) -> Generator[ExecItem, None, None]:
       raise
 
 
-# TinyJit puts an object with an `add(ExecItem)` method here while it captures
-capturing: List[Any] = []
+class _PerThreadList(threading.local):
+  """A list of its own in every thread: a TinyJit capturing in one thread must not take in another thread's kernels."""
+
+  def __init__(self) -> None:
+    self.items: List[Any] = []
+
+  def append(self, x: Any) -> None:
+    self.items.append(x)
+
+  def clear(self) -> None:
+    self.items.clear()
+
+  def __len__(self) -> int:
+    return len(self.items)
+
+  def __getitem__(self, i: int) -> Any:
+    return self.items[i]
+
+
+# TinyJit puts an object with an `add(ExecItem)` method here while it captures (per thread)
+capturing = _PerThreadList()
+
+# Scheduling marks LazyBuffers of the shared graph as realized before their kernels ran: two threads realizing one
+# graph would otherwise read buffers the other has not filled (or allocated) yet. Held for schedule + run (+ copy-out).
+realize_lock = threading.RLock()
 
 
 def run_schedule(schedule: List[Any], var_vals: Optional[Dict[Variable, int]] = None, do_update_stats: bool = True) -> None:
