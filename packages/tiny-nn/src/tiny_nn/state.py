@@ -13,6 +13,7 @@ import pickle
 import struct
 import types
 import zipfile
+import zlib
 from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union, cast
 
@@ -136,6 +137,67 @@ safe_dtypes: Dict[str, DType] = {"BOOL": dtypes.bool, "I8": dtypes.int8, "U8": d
                                  "BF16": dtypes.bfloat16, "F32": dtypes.float32, "F64": dtypes.float64}
 inverse_safe_dtypes: Dict[DType, str] = {v: k for k, v in safe_dtypes.items()}
 _MAX_SAFE_HEADER = 100_000_000  # the safetensors format caps the JSON header at 100 MB
+_MAX_RANK = 64
+# the most elements any loaded shape may have, zero dimensions aside: past any real tensor, inside numpy's and tiny's index range
+_MAX_ELEMENTS = 1 << 40
+_MAX_JSON_DIGITS = 40  # longer integers in a safetensors header cannot be sizes or offsets; they are not even converted
+
+
+def _is_int(x: Any) -> bool:
+  return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _show(x: Any, limit: int = 100) -> str:
+  """A value from a file for an error message: never fails (Python refuses to print ints over 4300 digits) and stays short."""
+  if _is_int(x) and x.bit_length() > 64:
+    return f"<{x.bit_length()}-bit integer>"
+  if isinstance(x, (list, tuple)):
+    inner = ", ".join(_show(v, limit) for v in x[:8]) + (", ..." if len(x) > 8 else "")
+    r = f"[{inner}]" if isinstance(x, list) else f"({inner}{',' if len(x) == 1 else ''})"
+  else:
+    try:
+      r = repr(x)
+    except ValueError:
+      r = f"<unprintable {type(x).__name__}>"
+  return r if len(r) <= limit else r[:limit] + "..."
+
+
+def _check_shape(shape: Any, where: str, what: str) -> Tuple[int, ...]:
+  """`shape` as a tuple, after checking it holds at most _MAX_RANK non-negative ints whose product (zeros aside) is at most
+  _MAX_ELEMENTS; an empty tensor with a dimension of 2**64 is as broken as a full one."""
+  if not isinstance(shape, (list, tuple)) or len(shape) > _MAX_RANK or not all(_is_int(s) and s >= 0 for s in shape):
+    raise WeightFileError(f"{where}: invalid {what} {_show(shape)} (at most {_MAX_RANK} non-negative integers)")
+  nonzero = 1
+  for s in shape:
+    nonzero *= max(s, 1)
+    if nonzero > _MAX_ELEMENTS:
+      raise WeightFileError(f"{where}: {what} {_show(shape)} has more than 2**40 elements")
+  return tuple(shape)
+
+
+class _LongInt:
+  """Stands for an integer of too many digits in a safetensors header; it is no int, so no check accepts it."""
+
+  def __init__(self, digits: int):
+    self.digits = digits
+
+  def __repr__(self) -> str:
+    return f"<{self.digits}-digit integer>"
+
+
+def _json_int(s: str) -> Any:
+  return int(s) if len(s) <= _MAX_JSON_DIGITS else _LongInt(len(s))
+
+
+def _json_object(where: str) -> Callable[[List[Tuple[str, Any]]], Dict[str, Any]]:
+  def build(pairs: List[Tuple[str, Any]]) -> Dict[str, Any]:
+    out: Dict[str, Any] = {}
+    for k, v in pairs:
+      if k in out:
+        raise WeightFileError(f"{where}: safetensors header has a duplicate key {k!r}")
+      out[k] = v
+    return out
+  return build
 
 
 def _disk_tensor(fn: PathLike) -> Tensor:
@@ -162,32 +224,40 @@ def _parse_safe_header(raw: bytes, file_size: int, where: str) -> Tuple[int, Dic
   if 8 + json_len > file_size:
     raise WeightFileError(f"{where}: truncated safetensors file: header says {json_len} bytes of JSON but only {file_size - 8} follow")
   try:
-    header = json.loads(raw[8:8 + json_len].decode("utf-8"))
-  except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+    header = json.loads(raw[8:8 + json_len].decode("utf-8"), parse_int=_json_int, object_pairs_hook=_json_object(where))
+  except WeightFileError:
+    raise
+  except (UnicodeDecodeError, ValueError, RecursionError) as e:
     raise WeightFileError(f"{where}: safetensors header is not valid JSON: {e}") from None
   if not isinstance(header, dict):
     raise WeightFileError(f"{where}: safetensors header must be a JSON object, got {type(header).__name__}")
   data_size = file_size - 8 - json_len
+  ranges: List[Tuple[int, int, str]] = []
   for name, info in header.items():
     if name == "__metadata__":
-      if not isinstance(info, dict):
-        raise WeightFileError(f"{where}: __metadata__ must be an object of strings")
+      if not isinstance(info, dict) or not all(isinstance(v, str) for v in info.values()):
+        raise WeightFileError(f"{where}: __metadata__ must be an object of strings, got {_show(info)}")
       continue
     if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= set(info):
       raise WeightFileError(f"{where}: entry {name!r} needs dtype, shape and data_offsets")
     dt, shape, offs = info["dtype"], info["shape"], info["data_offsets"]
-    if dt not in safe_dtypes:
-      raise WeightFileError(f"{where}: entry {name!r} has unknown dtype {dt!r} (known: {', '.join(safe_dtypes)})")
-    if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape):
-      raise WeightFileError(f"{where}: entry {name!r} has an invalid shape {shape!r}")
-    if (not isinstance(offs, list) or len(offs) != 2 or not all(isinstance(o, int) and not isinstance(o, bool) for o in offs)
-        or not 0 <= offs[0] <= offs[1]):
-      raise WeightFileError(f"{where}: entry {name!r} has invalid data_offsets {offs!r}")
+    if not isinstance(dt, str) or dt not in safe_dtypes:
+      raise WeightFileError(f"{where}: entry {name!r} has unknown dtype {_show(dt)} (known: {', '.join(safe_dtypes)})")
+    _check_shape(shape, f"{where}: entry {name!r}", "shape")
+    if not isinstance(offs, list) or len(offs) != 2 or not all(_is_int(o) for o in offs) or not 0 <= offs[0] <= offs[1]:
+      raise WeightFileError(f"{where}: entry {name!r} has invalid data_offsets {_show(offs)}")
     if offs[1] > data_size:
       raise WeightFileError(f"{where}: entry {name!r} ends at byte {offs[1]} of the data section, which has only {data_size} bytes (truncated?)")
     want = prod(shape) * safe_dtypes[dt].itemsize
     if offs[1] - offs[0] != want:
       raise WeightFileError(f"{where}: entry {name!r} has {offs[1] - offs[0]} bytes but {dt}{shape} needs {want}")
+    if want:
+      ranges.append((offs[0], offs[1], name))
+  # two tensors over the same bytes would alias each other (writing one changes the other)
+  ranges.sort()
+  for (_, end, a), (start, _, b) in zip(ranges, ranges[1:]):
+    if start < end:
+      raise WeightFileError(f"{where}: entries {a!r} and {b!r} overlap in the data section (bytes {start} to {end})")
   return json_len, header
 
 
@@ -296,35 +366,54 @@ class _Storage:
 
 
 class _Pending:
-  """A tensor the pickle asked to rebuild: storage + offset + size + stride, materialized after unpickling."""
+  """A tensor the pickle asked to rebuild: storage + offset + size + stride, checked and materialized after unpickling
+  (when the storage's bytes are known and the tensor's name in the checkpoint can be given)."""
 
-  def __init__(self, storage: _Storage, offset: int, size: Tuple[int, ...], stride: Tuple[int, ...]):
+  def __init__(self, where: str, storage: _Storage, offset: Any, size: Any, stride: Any):
     if not isinstance(storage, _Storage):
-      raise WeightFileError("torch checkpoint rebuilds a tensor from something that is not a storage")
-    layout = (offset, *size, *stride)
-    if not all(isinstance(x, int) and x >= 0 for x in layout) or len(size) != len(stride):
-      raise WeightFileError(f"torch checkpoint has an invalid tensor layout: offset={offset!r} size={size!r} stride={stride!r}")
-    if prod(size) and offset + sum((s - 1) * st for s, st in zip(size, stride)) >= storage.numel:
-      raise WeightFileError(f"torch checkpoint tensor of size {tuple(size)} at offset {offset} does not fit its storage of {storage.numel} elements")
-    self.storage, self.offset, self.size, self.stride = storage, offset, tuple(size), tuple(stride)
+      raise WeightFileError(f"{where}: torch checkpoint rebuilds a tensor from a {type(storage).__name__}, not a storage")
+    self.where, self.storage, self.offset, self.size, self.stride = where, storage, offset, size, stride
 
-  def materialize(self) -> Tensor:
+  def _layout(self, name: str, max_expanded_bytes: int) -> Tuple[int, Tuple[int, ...], Tuple[int, ...]]:
+    where, numel, dt = f"{self.where}: tensor {name!r}", self.storage.numel, self.storage.dtype
+    offset, size, stride = self.offset, self.size, self.stride
+    if not isinstance(stride, (tuple, list)) or not isinstance(size, (tuple, list)) or len(size) != len(stride):
+      raise WeightFileError(f"{where}: size {_show(size)} and stride {_show(stride)} must be sequences of the same length")
+    size = _check_shape(size, where, "size")
+    if not _is_int(offset) or offset < 0 or not all(_is_int(s) and s >= 0 for s in stride):
+      raise WeightFileError(f"{where}: invalid layout: offset {_show(offset)}, stride {_show(stride)}")
+    n = prod(size)
+    if n == 0:
+      return offset, size, tuple(stride)
+    # every index the view reads must lie inside the storage's bytes, which _attach checked are in the file
+    last = offset + sum((s - 1) * st for s, st in zip(size, stride))
+    if last >= numel:
+      raise WeightFileError(f"{where}: size {size}, stride {_show(stride)}, offset {_show(offset)} reads element {_show(last)} "
+                            f"of a storage of {numel} elements")
+    # zero or overlapping strides let a few stored elements stand for many: copying them out is bounded separately
+    if n > numel and n * dt.itemsize > max_expanded_bytes:
+      raise WeightFileError(f"{where}: a view of {n} elements repeats a storage of {numel} elements (zero or overlapping strides) and "
+                            f"would need {n * dt.itemsize} bytes, over the {max_expanded_bytes}-byte limit (torch_load's max_expanded_bytes)")
+    return offset, size, tuple(stride)
+
+  def materialize(self, name: str, max_expanded_bytes: int) -> Tensor:
+    offset, size, stride = self._layout(name, max_expanded_bytes)
     st, dt = self.storage.tensor, self.storage.dtype
     assert st is not None, "storage bytes not located"
-    size, stride, n = self.size, self.stride, prod(self.size)
+    n = prod(size)
     if n == 0:
       return Tensor.zeros(*size, dtype=dt)
     if _contiguous(size, stride):
-      return st[self.offset:self.offset + n].reshape(size)
+      return st[offset:offset + n].reshape(size)
     # a permuted view of a contiguous block (e.g. a saved transpose): reshape to the stored order, then permute back
     order = sorted(range(len(size)), key=lambda i: (-stride[i], i))
     if _contiguous(tuple(size[i] for i in order), tuple(stride[i] for i in order)):
-      block = st[self.offset:self.offset + n].to(None)
+      block = st[offset:offset + n].to(None)
       inverse = [order.index(i) for i in range(len(size))]
       return block.reshape(tuple(size[i] for i in order)).permute(inverse)
     # anything else (broadcast zero strides, gaps): gather it on the host
     extent = 1 + sum((s - 1) * st_ for s, st_ in zip(size, stride))
-    host = st[self.offset:self.offset + extent].to(None)
+    host = st[offset:offset + extent].to(None)
     arr = _host_numpy(host)
     item = arr.itemsize
     view = np.lib.stride_tricks.as_strided(arr, shape=size, strides=tuple(s * item for s in stride))
@@ -348,59 +437,121 @@ def _contiguous(size: Tuple[int, ...], stride: Tuple[int, ...]) -> bool:
   return True
 
 
+# The unpickler never hands a pickle one of tiny's own objects or any shared global: a pickle's BUILD opcode writes into
+# the __dict__ of whatever it is applied to (a 100-byte file once set dtypes.float32.itemsize = 2). Each load gets fresh
+# placeholders instead, and BUILD/SETITEM/APPEND are refused on anything the unpickler did not create itself.
+
 class _TypeMarker:
   """Stands for torch.Tensor / torch.nn.Parameter where a pickle names them only as types."""
+
+  __slots__ = ("name",)
 
   def __init__(self, name: str):
     self.name = name
 
 
-def _rebuild_tensor(storage: Any, storage_offset: int, size: Tuple[int, ...], stride: Tuple[int, ...], *_: Any) -> _Pending:
-  return _Pending(storage, storage_offset, size, stride)
+class _StorageType:
+  """Stands for torch.<X>Storage in one load."""
+
+  __slots__ = ("name", "dtype")
+
+  def __init__(self, name: str, dtype: DType):
+    self.name, self.dtype = name, dtype
 
 
-def _rebuild_tensor_v3(storage: Any, storage_offset: int, size: Tuple[int, ...], stride: Tuple[int, ...], requires_grad: Any,
-                       backward_hooks: Any, dtype: Any, *_: Any) -> _Pending:
-  if isinstance(dtype, DType) and isinstance(storage, _Storage):
-    storage.dtype = dtype
-  return _Pending(storage, storage_offset, size, stride)
+class _DTypeName:
+  """Stands for torch.float32 and friends in one load."""
+
+  __slots__ = ("name", "dtype")
+
+  def __init__(self, name: str, dtype: DType):
+    self.name, self.dtype = name, dtype
+
+
+class _Callable:
+  """An allowed torch function in one load; calls `fn`, which the pickle can reach only through this wrapper."""
+
+  __slots__ = ("name", "fn")
+
+  def __init__(self, name: str, fn: Callable[..., Any]):
+    self.name, self.fn = name, fn
+
+  def __call__(self, *args: Any) -> Any:
+    return self.fn(*args)
+
+
+def _rebuild_tensor(where: str, storage: Any, storage_offset: Any, size: Any, stride: Any, *_: Any) -> _Pending:
+  return _Pending(where, storage, storage_offset, size, stride)
+
+
+def _rebuild_tensor_v3(where: str, storage: Any, storage_offset: Any, size: Any, stride: Any, requires_grad: Any, backward_hooks: Any,
+                       dtype: Any, *_: Any) -> _Pending:
+  if isinstance(dtype, _DTypeName) and isinstance(storage, _Storage):
+    storage.dtype = dtype.dtype
+  return _Pending(where, storage, storage_offset, size, stride)
 
 
 def _rebuild_parameter(data: Any, *_: Any) -> Any:
   return data
 
 
-def _rebuild_from_type_v2(func: Callable, new_type: Any, args: Tuple[Any, ...], state: Any) -> Any:
+def _rebuild_from_type_v2(where: str, func: Any, new_type: Any, args: Any, state: Any) -> Any:
   if not callable(func) or not isinstance(args, tuple):
-    raise WeightFileError("torch checkpoint has a malformed tensor rebuild call")
+    raise WeightFileError(f"{where}: torch checkpoint has a malformed tensor rebuild call")
   return func(*args)
 
 
-def _ordered_dict(*args: Any) -> OrderedDict:
-  return OrderedDict(*args)
+_MAX_PICKLE_BYTES = 64 << 20    # pickled metadata of real checkpoints is a few MB at most; the tensor data is stored apart
+_MAX_EXPANDED_BYTES = 64 << 20  # zero-stride (expanded) views are copied out; a tiny file must not become gigabytes
+_MAX_NESTING = 100              # state dicts nest a few levels; deeper structures only exhaust the stack
+_MAX_SMALL_MEMBER = 64          # zip members like byteorder hold a word
 
 
-def _torch_globals() -> Dict[Tuple[str, str], Any]:
-  allowed: Dict[Tuple[str, str], Any] = {
-    ("torch._utils", "_rebuild_tensor"): _rebuild_tensor, ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor,
-    ("torch._utils", "_rebuild_tensor_v3"): _rebuild_tensor_v3, ("torch._utils", "_rebuild_parameter"): _rebuild_parameter,
-    ("torch._utils", "_rebuild_parameter_with_state"): _rebuild_parameter, ("torch._tensor", "_rebuild_from_type_v2"): _rebuild_from_type_v2,
-    ("collections", "OrderedDict"): _ordered_dict, ("torch", "Size"): tuple,
-    ("torch", "Tensor"): _TypeMarker("Tensor"), ("torch.nn.parameter", "Parameter"): _TypeMarker("Parameter"),
-  }
-  for name, dt in _torch_storages.items():
-    allowed[("torch", name)] = dt
-  for name, dt in _torch_dtypes.items():
-    allowed[("torch", name)] = dt
-  return allowed
+class _RestrictedUnpickler(pickle._Unpickler):
+  """Unpickles only the names a torch state dict needs; any other global (os.system, builtins.eval, ...) is refused.
 
+  Built on the pure-Python unpickler so the opcodes that mutate objects can be checked: its memo is a dict (the C one
+  grows an array to the largest index named, 512 MB for a 10-byte pickle) and it reads no more than each opcode needs.
+  """
 
-class _RestrictedUnpickler(pickle.Unpickler):
-  """Unpickles only the names a torch state dict needs; any other global (os.system, builtins.eval, ...) is refused."""
+  dispatch = dict(pickle._Unpickler.dispatch)
+  stack: List[Any]                    # the pure-Python unpickler's internals the opcodes below use (not in typeshed)
+  pop_mark: Callable[[], List[Any]]
 
   def __init__(self, f: Any, where: str, storages: Dict[str, _Storage]):
     super().__init__(f)
-    self.where, self.storages, self.allowed = where, storages, _torch_globals()
+    self.where, self.storages = where, storages
+    self.fresh: Dict[int, Any] = {}  # every container this unpickler made, by id (held, so no id is reused meanwhile)
+    self.allowed = self._globals()
+
+  def _globals(self) -> Dict[Tuple[str, str], Any]:
+    w = self.where
+    allowed: Dict[Tuple[str, str], Any] = {
+      ("torch._utils", "_rebuild_tensor"): _Callable("_rebuild_tensor", lambda *a: _rebuild_tensor(w, *a)),
+      ("torch._utils", "_rebuild_tensor_v2"): _Callable("_rebuild_tensor_v2", lambda *a: _rebuild_tensor(w, *a)),
+      ("torch._utils", "_rebuild_tensor_v3"): _Callable("_rebuild_tensor_v3", lambda *a: _rebuild_tensor_v3(w, *a)),
+      ("torch._utils", "_rebuild_parameter"): _Callable("_rebuild_parameter", _rebuild_parameter),
+      ("torch._utils", "_rebuild_parameter_with_state"): _Callable("_rebuild_parameter_with_state", _rebuild_parameter),
+      ("torch._tensor", "_rebuild_from_type_v2"): _Callable("_rebuild_from_type_v2", lambda *a: _rebuild_from_type_v2(w, *a)),
+      ("collections", "OrderedDict"): _Callable("OrderedDict", lambda *a: self._made(OrderedDict(*a))),
+      ("torch", "Size"): _Callable("Size", tuple),
+      ("torch", "Tensor"): _TypeMarker("Tensor"), ("torch.nn.parameter", "Parameter"): _TypeMarker("Parameter"),
+    }
+    for name, dt in _torch_storages.items():
+      allowed[("torch", name)] = _StorageType(name, dt)
+    for name, dt in _torch_dtypes.items():
+      allowed[("torch", name)] = _DTypeName(name, dt)
+    return allowed
+
+  def _made(self, obj: Any) -> Any:
+    self.fresh[id(obj)] = obj
+    return obj
+
+  def _own(self, obj: Any, op: str, kinds: Tuple[type, ...]) -> Any:
+    if self.fresh.get(id(obj)) is not obj or not isinstance(obj, kinds):
+      raise WeightFileError(f"{self.where}: refusing pickle opcode {op} on a {type(obj).__name__}: a checkpoint may only fill the "
+                            f"{'/'.join(k.__name__ for k in kinds)} objects it creates")
+    return obj
 
   def find_class(self, module: str, name: str) -> Any:
     if (module, name) in self.allowed:
@@ -410,50 +561,181 @@ class _RestrictedUnpickler(pickle.Unpickler):
 
   def persistent_load(self, pid: Any) -> Any:
     if not isinstance(pid, tuple) or len(pid) < 5 or pid[0] != "storage":
-      raise WeightFileError(f"{self.where}: unsupported persistent id in torch checkpoint: {pid!r:.100}")
-    storage_type, key, numel = pid[1], str(pid[2]), pid[4]
-    if not isinstance(storage_type, DType):
-      raise WeightFileError(f"{self.where}: storage {key} has an unknown type {storage_type!r:.60}")
+      raise WeightFileError(f"{self.where}: unsupported persistent id in torch checkpoint: {_show(pid)}")
+    storage_type, key, numel = pid[1], pid[2], pid[4]
+    if not isinstance(key, (str, int)) or isinstance(key, bool):
+      raise WeightFileError(f"{self.where}: storage key {_show(key)} is not a name")
+    key = str(key)
+    if not isinstance(storage_type, _StorageType):
+      raise WeightFileError(f"{self.where}: storage {key} has an unknown type {_show(storage_type)}")
     if len(pid) > 5 and pid[5] is not None:
       raise WeightFileError(f"{self.where}: legacy storage views are not supported")
-    if not isinstance(numel, int) or numel < 0:
-      raise WeightFileError(f"{self.where}: storage {key} has an invalid size {numel!r}")
+    if not _is_int(numel) or not 0 <= numel <= _MAX_ELEMENTS:
+      raise WeightFileError(f"{self.where}: storage {key} has an invalid size {_show(numel)}")
     if key not in self.storages:
-      self.storages[key] = _Storage(key, storage_type, numel)
+      self.storages[key] = _Storage(key, storage_type.dtype, numel)
     return self.storages[key]
 
+  def load_setitem(self) -> None:
+    value, key = self.stack.pop(), self.stack.pop()
+    self._own(self.stack[-1], "SETITEM", (dict,))[key] = value
 
-def _unpickle(data: Union[bytes, Any], where: str, storages: Dict[str, _Storage]) -> Any:
-  f = io.BytesIO(data) if isinstance(data, (bytes, bytearray)) else data
+  def load_setitems(self) -> None:
+    items = self.pop_mark()
+    target = self._own(self.stack[-1], "SETITEMS", (dict,))
+    if len(items) % 2:
+      raise pickle.UnpicklingError("SETITEMS with an odd number of items")
+    for i in range(0, len(items), 2):
+      target[items[i]] = items[i + 1]
+
+  def load_append(self) -> None:
+    value = self.stack.pop()
+    self._own(self.stack[-1], "APPEND", (list,)).append(value)
+
+  def load_appends(self) -> None:
+    items = self.pop_mark()
+    self._own(self.stack[-1], "APPENDS", (list,)).extend(items)
+
+  def load_additems(self) -> None:
+    items = self.pop_mark()
+    self._own(self.stack[-1], "ADDITEMS", (set,)).update(items)
+
+  def load_build(self) -> None:
+    # only torch's state-dict OrderedDicts get a BUILD (their `_metadata`), which the loaded dict does not keep
+    self.stack.pop()
+    self._own(self.stack[-1], "BUILD", (OrderedDict,))
+
+  def load_refused(self) -> None:
+    raise WeightFileError(f"{self.where}: torch checkpoints do not use pickle extension codes or out-of-band buffers")
+
+
+def _making(op: bytes) -> Callable[[_RestrictedUnpickler], None]:
+  """The opcode's own loader, then the container it pushed is recorded as made by this unpickler."""
+  base = cast(Callable[[Any], None], pickle._Unpickler.dispatch[op[0]])
+
+  def load(self: _RestrictedUnpickler) -> None:
+    base(self)
+    self._made(self.stack[-1])
+  return load
+
+
+def _install_opcodes(d: Dict[int, Callable[[Any], None]]) -> None:
+  for op in (pickle.EMPTY_DICT, pickle.DICT, pickle.EMPTY_LIST, pickle.LIST, pickle.EMPTY_SET):
+    d[op[0]] = _making(op)
+  R = _RestrictedUnpickler
+  d.update({pickle.SETITEM[0]: R.load_setitem, pickle.SETITEMS[0]: R.load_setitems, pickle.APPEND[0]: R.load_append,
+            pickle.APPENDS[0]: R.load_appends, pickle.ADDITEMS[0]: R.load_additems, pickle.BUILD[0]: R.load_build})
+  for op in (pickle.EXT1, pickle.EXT2, pickle.EXT4, pickle.BYTEARRAY8, pickle.NEXT_BUFFER, pickle.READONLY_BUFFER):
+    d[op[0]] = R.load_refused
+
+
+_install_opcodes(_RestrictedUnpickler.dispatch)
+
+
+class _LimitedReader:
+  """A pickle's bytes from a file: at most `limit` in all, and a length field asking for more than the file has left is
+  refused before anything is read (so claiming 2 GB allocates nothing; the pure-Python unpickler would also take a short
+  read as a shorter string)."""
+
+  def __init__(self, f: Any, limit: int, left: int, where: str):
+    self.f, self.budget, self.left, self.limit, self.where = f, limit, left, limit, where
+
+  def _over(self) -> WeightFileError:
+    return WeightFileError(f"{self.where}: a pickle in the checkpoint is over the {self.limit}-byte limit (torch_load's max_pickle_bytes)")
+
+  def read(self, n: int = -1) -> bytes:
+    n = self.left if n < 0 else n
+    if n > self.left:
+      raise WeightFileError(f"{self.where}: truncated pickle: a field needs {_show(n)} bytes but the file has {self.left} left")
+    if n > self.budget:
+      raise self._over()
+    data = self.f.read(n)
+    if len(data) != n:
+      raise WeightFileError(f"{self.where}: truncated pickle: read {len(data)} of {n} bytes")
+    self.left, self.budget = self.left - n, self.budget - n
+    return cast(bytes, data)
+
+  def readline(self) -> bytes:
+    line = self.f.readline(min(self.left, self.budget + 1))
+    self.left, self.budget = self.left - len(line), self.budget - len(line)
+    if self.budget < 0:
+      raise self._over()
+    return cast(bytes, line)
+
+
+def _unpickle(f: Any, where: str, storages: Dict[str, _Storage]) -> Any:
   try:
     return _RestrictedUnpickler(f, where, storages).load()
-  except (WeightFileError, UnsafePickleError):
+  except WeightFileError:
     raise
   except (pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError, IndexError, AttributeError, struct.error, RecursionError,
           OverflowError, MemoryError) as e:
-    raise WeightFileError(f"{where}: malformed torch pickle: {type(e).__name__}: {e}") from None
+    raise WeightFileError(f"{where}: malformed torch pickle: {type(e).__name__}: {_show(str(e))}") from None
 
 
-def _materialize(obj: Any) -> Any:
-  if isinstance(obj, _Pending):
-    return obj.materialize()
-  if isinstance(obj, OrderedDict):
-    return OrderedDict((k, _materialize(v)) for k, v in obj.items())
-  if isinstance(obj, dict):
-    return {k: _materialize(v) for k, v in obj.items()}
-  if isinstance(obj, list):
-    return [_materialize(v) for v in obj]
-  if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
-    return tuple(_materialize(v) for v in obj)
-  return obj
+_SCALARS = (str, bytes, int, float, complex, bool, type(None))
+
+
+def _child(name: str, key: Any) -> str:
+  k = key if isinstance(key, str) else _show(key)
+  return f"{name}.{k}" if name else k
+
+
+def _materialize(obj: Any, where: str, max_expanded_bytes: int) -> Any:
+  """The unpickled object with every pending tensor made a Tensor. Each object is converted once (a pickle can share
+  references, and copying them at each level is exponential), and nesting is bounded."""
+  memo: Dict[int, Any] = {}
+  busy: set = set()  # tuples being converted: a reference cycle through one cannot be rebuilt
+
+  def conv(o: Any, depth: int, name: str) -> Any:
+    if isinstance(o, _SCALARS):
+      return o
+    key = id(o)
+    if key in memo:
+      return memo[key]
+    if depth > _MAX_NESTING:
+      raise WeightFileError(f"{where}: the checkpoint nests containers more than {_MAX_NESTING} deep (at {_show(name, 60)})")
+    if isinstance(o, _Pending):
+      out: Any = o.materialize(name, max_expanded_bytes)
+    elif isinstance(o, _Storage):  # a bare storage: its elements as a 1-d tensor
+      out = o.tensor
+    elif isinstance(o, (_StorageType, _DTypeName)):
+      out = o.dtype
+    elif isinstance(o, dict):
+      out = memo[key] = OrderedDict() if isinstance(o, OrderedDict) else {}
+      for k, v in o.items():
+        out[k] = conv(v, depth + 1, _child(name, k))
+    elif isinstance(o, list):
+      out = memo[key] = []
+      for i, v in enumerate(o):
+        out.append(conv(v, depth + 1, _child(name, i)))
+    elif isinstance(o, tuple):
+      if key in busy:
+        raise WeightFileError(f"{where}: the checkpoint has a reference cycle through a tuple (at {_show(name, 60)})")
+      busy.add(key)
+      out = tuple([conv(v, depth + 1, _child(name, i)) for i, v in enumerate(o)])
+      busy.discard(key)
+    else:
+      out = o
+    memo[key] = out
+    return out
+
+  try:
+    return conv(obj, 0, "")
+  except RecursionError:
+    raise WeightFileError(f"{where}: the checkpoint nests containers too deeply") from None
 
 
 _ZIP_LOCAL_HEADER = 30
+_ZIP_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError, RuntimeError, NotImplementedError, zlib.error,
+               struct.error, OverflowError)
 
 
 def _zip_member_offset(fn: PathLike, info: zipfile.ZipInfo, file_size: int, where: str) -> int:
   if info.compress_type != zipfile.ZIP_STORED:
     raise WeightFileError(f"{where}: {info.filename} is compressed; torch checkpoints store data raw")
+  if not 0 <= info.header_offset <= file_size - _ZIP_LOCAL_HEADER:
+    raise WeightFileError(f"{where}: {info.filename} has its zip local header at byte {info.header_offset}, outside the file")
   with open(fn, "rb") as f:
     f.seek(info.header_offset)
     head = f.read(_ZIP_LOCAL_HEADER)
@@ -466,6 +748,21 @@ def _zip_member_offset(fn: PathLike, info: zipfile.ZipInfo, file_size: int, wher
   return start
 
 
+def _zip_read(zf: zipfile.ZipFile, name: str, limit: int, what: str, where: str) -> bytes:
+  """A zip member's bytes, refused from its declared size before inflating anything when that is over `limit`."""
+  info = zf.getinfo(name)
+  if info.file_size > limit:
+    raise WeightFileError(f"{where}: {name} is {info.file_size} bytes, over the {limit}-byte limit for {what}")
+  try:
+    with zf.open(info) as f:
+      data = f.read(limit + 1)
+  except _ZIP_ERRORS as e:
+    raise WeightFileError(f"{where}: cannot read {name} from the zip: {type(e).__name__}: {e}") from None
+  if len(data) > limit:
+    raise WeightFileError(f"{where}: {name} inflates past the {limit}-byte limit for {what}")
+  return data
+
+
 def _attach(storage: _Storage, disk: Tensor, start: int, nbytes: int, where: str) -> None:
   need = storage.numel * storage.dtype.itemsize
   if nbytes < need:
@@ -473,25 +770,23 @@ def _attach(storage: _Storage, disk: Tensor, start: int, nbytes: int, where: str
   storage.tensor = _bytes_as(disk, start, need, storage.dtype, (storage.numel,)) if need else Tensor.zeros(0, dtype=storage.dtype)
 
 
-def _torch_load_zip(fn: PathLike, where: str, size: int) -> Any:
+def _torch_load_zip(fn: PathLike, where: str, size: int, max_pickle_bytes: int, max_expanded_bytes: int) -> Any:
   try:
     zf = zipfile.ZipFile(fn)
-  except (zipfile.BadZipFile, OSError, ValueError) as e:
-    raise WeightFileError(f"{where}: not a readable torch zip checkpoint: {e}") from None
+  except _ZIP_ERRORS as e:
+    raise WeightFileError(f"{where}: not a readable torch zip checkpoint: {type(e).__name__}: {e}") from None
   with zf:
-    pkls = [n for n in zf.namelist() if n.endswith("/data.pkl") or n == "data.pkl"]
+    names = zf.namelist()
+    pkls = [n for n in names if n.endswith("/data.pkl") or n == "data.pkl"]
     if len(pkls) != 1:
       raise WeightFileError(f"{where}: expected one data.pkl in the torch zip checkpoint, found {len(pkls)}")
     base = pkls[0][:-len("data.pkl")]
     byteorder = f"{base}byteorder"
-    if byteorder in zf.namelist() and zf.read(byteorder).strip() not in (b"little", b""):
+    if byteorder in names and _zip_read(zf, byteorder, _MAX_SMALL_MEMBER, "a byteorder record", where).strip() not in (b"little", b""):
       raise WeightFileError(f"{where}: big-endian torch checkpoints are not supported")
-    try:
-      pkl = zf.read(pkls[0])
-    except (zipfile.BadZipFile, OSError, EOFError) as e:
-      raise WeightFileError(f"{where}: cannot read {pkls[0]}: {e}") from None
+    pkl = _zip_read(zf, pkls[0], max_pickle_bytes, "the pickle (torch_load's max_pickle_bytes)", where)
     storages: Dict[str, _Storage] = {}
-    obj = _unpickle(pkl, where, storages)
+    obj = _unpickle(_LimitedReader(io.BytesIO(pkl), len(pkl), len(pkl), where), where, storages)
     disk = _disk_tensor(fn) if storages else None
     for key, s in storages.items():
       try:
@@ -500,26 +795,28 @@ def _torch_load_zip(fn: PathLike, where: str, size: int) -> Any:
         raise WeightFileError(f"{where}: storage {key} is named in the pickle but {base}data/{key} is missing") from None
       assert disk is not None
       _attach(s, disk, _zip_member_offset(fn, info, size, where), info.file_size, where)
-  return _materialize(obj)
+  return _materialize(obj, where, max_expanded_bytes)
 
 
 _LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 _LEGACY_PROTOCOL = 1001
 
 
-def _torch_load_legacy(fn: PathLike, where: str, size: int) -> Any:
+def _torch_load_legacy(fn: PathLike, where: str, size: int, max_pickle_bytes: int, max_expanded_bytes: int) -> Any:
   storages: Dict[str, _Storage] = {}
   with open(fn, "rb") as f:
-    magic = _unpickle(f, where, {})
+    def next_pickle(into: Dict[str, _Storage]) -> Any:
+      return _unpickle(_LimitedReader(f, max_pickle_bytes, size - f.tell(), where), where, into)
+    magic = next_pickle({})
     if magic != _LEGACY_MAGIC:
       raise WeightFileError(f"{where}: not a torch checkpoint (neither a zip file nor the legacy magic number)")
-    if _unpickle(f, where, {}) != _LEGACY_PROTOCOL:
+    if next_pickle({}) != _LEGACY_PROTOCOL:
       raise WeightFileError(f"{where}: unsupported legacy torch protocol version")
-    sys_info = _unpickle(f, where, {})
+    sys_info = next_pickle({})
     if isinstance(sys_info, dict) and not sys_info.get("little_endian", True):
       raise WeightFileError(f"{where}: big-endian torch checkpoints are not supported")
-    obj = _unpickle(f, where, storages)
-    keys = _unpickle(f, where, {})
+    obj = next_pickle(storages)
+    keys = next_pickle({})
     if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
       raise WeightFileError(f"{where}: malformed legacy storage key list")
     disk = _disk_tensor(fn) if keys else None
@@ -542,15 +839,17 @@ def _torch_load_legacy(fn: PathLike, where: str, size: int) -> Any:
   missing = [k for k, s in storages.items() if s.tensor is None]
   if missing:
     raise WeightFileError(f"{where}: storages {missing[:5]} are named in the pickle but have no data")
-  return _materialize(obj)
+  return _materialize(obj, where, max_expanded_bytes)
 
 
-def torch_load(fn: PathLike) -> Dict[str, Tensor]:
+def torch_load(fn: PathLike, *, max_pickle_bytes: int = _MAX_PICKLE_BYTES, max_expanded_bytes: int = _MAX_EXPANDED_BYTES) -> Dict[str, Tensor]:
   """Reads a checkpoint written by `torch.save` (zip format, or the legacy format of `_use_new_zipfile_serialization=False`).
 
   Only the pickle globals a state dict needs are allowed (tensor rebuild functions, storage types, OrderedDict); any other
   global raises `UnsafePickleError` before it is looked up, so a hostile file cannot run code. Contiguous tensors are views
-  of the file on the DISK device.
+  of the file on the DISK device. A pickle over `max_pickle_bytes` is refused (checked against the zip's declared size,
+  before inflating), and so is a view whose zero or overlapping strides repeat its storage into more than
+  `max_expanded_bytes` (such views are copied out).
   """
   where = os.fspath(fn)
   size = os.stat(fn).st_size
@@ -559,9 +858,9 @@ def torch_load(fn: PathLike) -> Dict[str, Tensor]:
   if len(magic) < 2:
     raise WeightFileError(f"{where}: empty or truncated torch checkpoint ({size} bytes)")
   if magic[:2] == b"PK":
-    return _torch_load_zip(fn, where, size)
+    return _torch_load_zip(fn, where, size, max_pickle_bytes, max_expanded_bytes)
   if magic[:1] == b"\x80":
-    return _torch_load_legacy(fn, where, size)
+    return _torch_load_legacy(fn, where, size, max_pickle_bytes, max_expanded_bytes)
   raise WeightFileError(f"{where}: not a torch checkpoint (starts with {magic!r}; tar-format checkpoints from torch < 0.4 are not supported)")
 
 
@@ -667,18 +966,24 @@ def gguf_load(fn: Union[Tensor, PathLike]) -> Tuple[Dict[str, Any], Dict[str, Te
   kv: Dict[str, Any] = {}
   for i in range(n_kv):
     key = r.string(f"metadata key {i}")
+    if key in kv:
+      raise WeightFileError(f"{where}: duplicate metadata key {key!r}")
     kv[key] = r.value(r.unpack("<I", f"type of {key}"), f"value of {key}")
   infos = []
+  names = set()
   for i in range(n_tensors):
     name = r.string(f"tensor name {i}")
+    if name in names:
+      raise WeightFileError(f"{where}: duplicate tensor name {name!r}")
+    names.add(name)
     n_dims = r.unpack("<I", f"rank of {name}")
     if n_dims > 8:
-      raise WeightFileError(f"{where}: tensor {name} has rank {n_dims}")
-    dims = [r.unpack("<Q", f"dims of {name}") for _ in range(n_dims)]
+      raise WeightFileError(f"{where}: tensor {name!r} has rank {n_dims}")
+    dims = list(_check_shape([r.unpack("<Q", f"dims of {name}") for _ in range(n_dims)], f"{where}: tensor {name!r}", "dims"))
     ggml_type, offset = r.unpack("<I", f"type of {name}"), r.unpack("<Q", f"offset of {name}")
     if ggml_type not in GGML_TYPES:
       known = ", ".join(v[0] for v in GGML_TYPES.values())
-      raise WeightFileError(f"{where}: tensor {name} has unsupported ggml type {ggml_type} (supported: {known})")
+      raise WeightFileError(f"{where}: tensor {name!r} has unsupported ggml type {ggml_type} (supported: {known})")
     infos.append((name, dims, ggml_type, offset))
   alignment = kv.get("general.alignment", 32)
   if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
@@ -688,12 +993,13 @@ def gguf_load(fn: Union[Tensor, PathLike]) -> Tuple[Dict[str, Any], Dict[str, Te
   for name, dims, ggml_type, offset in infos:
     tname, block, block_bytes = GGML_TYPES[ggml_type]
     n = prod(dims)
-    if dims and dims[0] % block:
-      raise WeightFileError(f"{where}: tensor {name}: {tname} needs the first dimension ({dims[0]}) to be a multiple of {block}")
+    first = dims[0] if dims else 1  # a scalar is one element: no quantized block
+    if first % block:
+      raise WeightFileError(f"{where}: tensor {name!r}: {tname} needs the first dimension ({first}) to be a multiple of {block}")
     nbytes = n // block * block_bytes
     start = data_start + offset
     if start + nbytes > len(buf):
-      raise WeightFileError(f"{where}: tensor {name} ({tname}, {nbytes} bytes at {start}) runs past the end of the file ({len(buf)} bytes)")
+      raise WeightFileError(f"{where}: tensor {name!r} ({tname}, {nbytes} bytes at {start}) runs past the end of the file ({len(buf)} bytes)")
     shape = tuple(reversed(dims))
     vals = _dequantize(np.asarray(buf[start:start + nbytes]), ggml_type, n)
     tensors[name] = Tensor(np.array(vals.reshape(shape) if shape else vals.reshape(()), dtype=np.float16 if tname == "F16" else np.float32))
