@@ -56,3 +56,15 @@ def test_second_search_comes_from_cache(fresh_cache):
   assert search.search_stats["compiled"] == compiled_before, "a cached search must not compile candidates"
   assert search.search_stats["cache_hits"] == hits_before + 1
   assert k2.applied_opts == k1.applied_opts
+
+
+def test_unusable_cached_opts_are_not_replayed():
+  from tiny.codegen.kernel import Kernel, Opt, OptOps
+  from tiny.registry import Device
+  _, _, _, si = _matmul_ast()
+  fresh = Kernel(si.ast, opts=Device[Device.DEFAULT].renderer)
+  # another version's entry, a hand-edited one, or garbage: a miss, so the search runs and overwrites it
+  for bad in ([["NOT_AN_OPT", 0, 4]], [["UPCAST", 99, 7]], [["UPCAST", "0", 4]], [["UPCAST", True, 4]], {"not": "a list"}, [[1, 2]], None):
+    assert search._from_cache(fresh, bad) is None, bad
+  good = search._from_cache(fresh, [["UPCAST", 0, 4]])
+  assert good is not None and good.applied_opts == [Opt(OptOps.UPCAST, 0, 4)] and fresh.applied_opts == []

@@ -4,6 +4,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import platform
 import shlex
 import shutil
 import subprocess
@@ -33,6 +34,22 @@ def _cc_version(cc: str) -> str:
     return subprocess.run(shlex.split(cc) + ["--version"], capture_output=True, text=True, timeout=30).stdout.splitlines()[0]
   except Exception:
     return "unknown"
+
+
+@functools.lru_cache(None)
+def host_cpu_id() -> str:
+  """A short hash of the host CPU model and feature flags: what `-march=native` compiles for.
+
+  Part of the compile cache key, so a cache directory shared between machines never serves one CPU's code to another."""
+  wanted = ("vendor_id", "cpu family", "model", "model name", "stepping", "flags", "features", "cpu implementer", "cpu architecture",
+            "cpu variant", "cpu part")
+  try:
+    with open("/proc/cpuinfo") as f:
+      first = f.read().split("\n\n")[0]
+    ident = "\n".join(line for line in first.splitlines() if line.split(":")[0].strip().lower() in wanted)
+  except OSError:
+    ident = ""
+  return hashlib.sha256(f"{platform.machine()}|{platform.processor()}|{ident}".encode()).hexdigest()[:16]
 
 
 def _run_to_bytes(cmd: List[str], src: str) -> subprocess.CompletedProcess:
@@ -71,7 +88,8 @@ class ClangCompiler(Compiler):
     self.cc = shlex.split(cc)
     self.flags = shlex.split(os.environ["CFLAGS"]) if os.environ.get("CFLAGS") else list(DEFAULT_CFLAGS)
     self.flags += opt_args or []
-    key = hashlib.sha256(f"{_cc_version(cc)}|{self.flags}".encode()).hexdigest()[:16]
+    native = any(f.endswith("=native") for f in self.flags)
+    key = hashlib.sha256(f"{_cc_version(cc)}|{self.flags}|{host_cpu_id() if native else ''}".encode()).hexdigest()[:16]
     super().__init__(f"{cachekey}_{key}")
 
   def compile(self, src: str) -> bytes:
@@ -124,7 +142,9 @@ class LLVMCompiler(Compiler):
     llvm = init_llvm()
     self.opt = opt
     self.tm = host_target_machine(opt)
-    super().__init__(f"{cachekey}_{llvm.get_host_cpu_name()}_O{opt}")
+    # the object code depends on the LLVM version and the host CPU's features, not only its name
+    ident = f"{llvm.llvm_version_info}|{llvm.get_host_cpu_features().flatten()}"
+    super().__init__(f"{cachekey}_{llvm.get_host_cpu_name()}_O{opt}_{hashlib.sha256(ident.encode()).hexdigest()[:12]}")
 
   def optimize(self, src: str) -> Any:
     """Parse and run the O2/O3 pipeline of the new pass manager; returns the llvmlite module."""

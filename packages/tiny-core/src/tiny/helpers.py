@@ -419,10 +419,23 @@ def flat_mv(mv: memoryview) -> memoryview:
   return mv if len(mv) == 0 else mv.cast("B", shape=(mv.nbytes,))
 
 
-# *** sqlite disk cache: versioned tables, WAL, best effort (a broken cache never breaks a run) ***
+# *** sqlite disk cache: versioned tables, WAL, checksummed plain values; a broken cache never breaks a run ***
 
-DISKCACHE_VERSION = 1
+# 2: a row is bytes or JSON text plus a sha256 (version 1 stored pickles, so a planted cache file could run code)
+DISKCACHE_VERSION = 2
 _db_connections: Dict[Tuple[int, str], Any] = {}
+_db_file_ids: Dict[Tuple[int, str], Optional[Tuple[int, int]]] = {}
+_db_warned = False
+# SQLITE_CORRUPT, SQLITE_NOTADB: the file itself is damaged (unlike "locked" or "read-only", which pass)
+_SQLITE_DAMAGED = (11, 26)
+
+
+def _file_id(path: str) -> Optional[Tuple[int, int]]:
+  try:
+    st = os.stat(path)
+  except OSError:
+    return None
+  return st.st_dev, st.st_ino
 
 
 def _cache_db() -> Any:
@@ -430,66 +443,155 @@ def _cache_db() -> Any:
   key = (os.getpid(), CACHEDB)
   if (conn := _db_connections.get(key)) is None:
     if CACHEDB != ":memory:":
-      os.makedirs(os.path.dirname(CACHEDB) or ".", exist_ok=True)
+      # the cache holds code that gets loaded: keep a new cache directory private to the user
+      os.makedirs(os.path.dirname(CACHEDB) or ".", mode=0o700, exist_ok=True)
     conn = sqlite3.connect(CACHEDB, timeout=30, isolation_level=None)
+    _db_connections[key], _db_file_ids[key] = conn, _file_id(CACHEDB)
     with contextlib.suppress(sqlite3.OperationalError):
-      conn.execute("PRAGMA journal_mode=WAL")
-    _db_connections[key] = conn
+      conn.execute("PRAGMA journal_mode=WAL")  # a damaged file raises DatabaseError here, which _cache_run handles
   return conn
+
+
+def _is_damaged(e: BaseException) -> bool:
+  import sqlite3
+  if not isinstance(e, sqlite3.DatabaseError):
+    return False
+  code = getattr(e, "sqlite_errorcode", None)
+  # Python < 3.11 has no error codes; there the damaged-file errors are the only bare DatabaseErrors
+  return (code & 0xFF) in _SQLITE_DAMAGED if code is not None else type(e) is sqlite3.DatabaseError
+
+
+@contextlib.contextmanager
+def _cache_lock() -> Iterator[None]:
+  """An exclusive lock shared by all processes using CACHEDB (a no-op where flock or the lock file is unavailable)."""
+  try:
+    import fcntl
+    f = open(CACHEDB + ".lock", "a")
+  except (ImportError, OSError):
+    yield  # without the lock two processes may both recreate the file: that costs cache entries, never correctness
+    return
+  with f:
+    fcntl.flock(f, fcntl.LOCK_EX)
+    yield
+
+
+def _recreate_cache_db(e: BaseException) -> None:
+  """Drop this process's connection to a damaged CACHEDB and move the file aside, so the next connection starts empty."""
+  global _db_warned
+  key = (os.getpid(), CACHEDB)
+  conn, opened = _db_connections.pop(key, None), _db_file_ids.pop(key, None)
+  if conn is not None:
+    with contextlib.suppress(Exception):
+      conn.close()
+  if CACHEDB == ":memory:":
+    return
+  with _cache_lock():
+    # another process may have replaced the damaged file already: only move the one this connection found broken
+    now = _file_id(CACHEDB)
+    if now is not None and (opened is None or now == opened):
+      with contextlib.suppress(OSError):
+        os.replace(CACHEDB, CACHEDB + ".corrupt")
+      for ext in ("-wal", "-shm", "-journal"):
+        with contextlib.suppress(OSError):
+          os.unlink(CACHEDB + ext)
+  if not _db_warned:
+    _db_warned = True
+    import warnings
+    warnings.warn(f"tiny: the disk cache {CACHEDB} is damaged ({e}); moved it to {CACHEDB}.corrupt and started a new one",
+                  RuntimeWarning, stacklevel=4)
+
+
+def _cache_run(fn: Callable[[Any], T]) -> Optional[T]:
+  """fn(connection); a damaged database is recreated and fn retried once. None when the cache cannot be used."""
+  import sqlite3
+  for attempt in range(2):
+    try:
+      return fn(_cache_db())
+    except (sqlite3.Error, OSError) as e:
+      if attempt == 0 and _is_damaged(e):
+        _recreate_cache_db(e)
+        continue
+      return None
+  return None
 
 
 def _cache_table(table: str) -> str:
   return f"{''.join(c if c.isalnum() or c == '_' else '_' for c in table)}_v{DISKCACHE_VERSION}"
 
 
+_KEY_TYPES = {str: "text", bool: "integer", int: "integer", float: "numeric", bytes: "blob"}
+
+
+def _cache_key(key: Any) -> Dict[str, Any]:
+  key = {"key": key} if isinstance(key, (str, int)) else key
+  if not isinstance(key, dict) or not key:
+    raise TypeError(f"a disk cache key is a str, an int or a non-empty dict of them, got {type(key).__name__}")
+  for k, v in key.items():
+    if k in ("kind", "val", "sha") or not isinstance(k, str) or type(v) not in _KEY_TYPES:
+      raise TypeError(f"disk cache key column {k!r}: names must be str other than kind/val/sha, values str/int/float/bool/bytes")
+  return key
+
+
+def _cache_checksum(tbl: str, key: Dict[str, Any], kind: str, val: bytes) -> str:
+  # the key is part of the sum, so a row copied under another key fails too
+  return hashlib.sha256(repr((tbl, tuple(key.items()), kind)).encode() + b"\0" + val).hexdigest()
+
+
 def diskcache_get(table: str, key: Any) -> Any:
-  """The value cached under (table, key), or None when absent, unreadable or CACHELEVEL is 0."""
-  import pickle
-  import sqlite3
+  """The value stored under (table, key): bytes, or the JSON data put there (tuples come back as lists).
+
+  None when absent, when CACHELEVEL is 0 or the cache is unusable, and when the row fails its checksum (a torn write,
+  flipped bits, a value from another format): such a row is deleted so the caller rebuilds it. Nothing is unpickled."""
   if CACHELEVEL == 0:
     return None
-  if isinstance(key, (str, int)):
-    key = {"key": key}
+  key = _cache_key(key)
   tbl = _cache_table(table)
   where = " AND ".join(f'"{k}"=?' for k in key)
-  try:
-    row = _cache_db().execute(f'SELECT val FROM "{tbl}" WHERE {where}', tuple(key.values())).fetchone()
-  except (sqlite3.Error, OSError):
-    return None
+  row = _cache_run(lambda c: c.execute(f'SELECT kind, val, sha FROM "{tbl}" WHERE {where}', tuple(key.values())).fetchone())
   if row is None:
     return None
-  try:
-    return pickle.loads(row[0])
-  except Exception:
-    # a corrupt entry (torn write, other version's pickle) is dropped so the caller rebuilds it
-    with contextlib.suppress(sqlite3.Error):
-      _cache_db().execute(f'DELETE FROM "{tbl}" WHERE {where}', tuple(key.values()))
-    return None
+  kind, val, sha = row
+  if isinstance(kind, str) and isinstance(val, bytes) and isinstance(sha, str) and sha == _cache_checksum(tbl, key, kind, val):
+    if kind == "bytes":
+      return val
+    if kind == "json":
+      with contextlib.suppress(UnicodeDecodeError, ValueError, RecursionError):
+        import json
+        return json.loads(val.decode())
+  # only the row read here: another process may have just written a good one
+  _cache_run(lambda c: c.execute(f'DELETE FROM "{tbl}" WHERE {where} AND sha IS ?', tuple(key.values()) + (sha,)))
+  return None
 
 
-def diskcache_put(table: str, key: Any, val: Any) -> Any:
-  """Store val under (table, key) and return it; storage failures (locked/read-only db) are ignored."""
-  import pickle
-  import sqlite3
+def diskcache_put(table: str, key: Any, val: T) -> T:
+  """Store val under (table, key) and return it. val is bytes or plain JSON data (None, bool, int, float, str, and
+  lists/dicts of them; anything else raises TypeError). Storage failures (locked or read-only db) are ignored."""
+  import json
+  if isinstance(val, (bytes, bytearray, memoryview)):
+    kind, blob = "bytes", bytes(val)
+  else:
+    try:
+      kind, blob = "json", json.dumps(val, separators=(",", ":")).encode()
+    except (TypeError, ValueError) as e:
+      raise TypeError(f"the disk cache stores bytes or JSON data, not {type(val).__name__}: {e}") from None
   if CACHELEVEL == 0:
     return val
-  if isinstance(key, (str, int)):
-    key = {"key": key}
+  key = _cache_key(key)
   tbl = _cache_table(table)
-  types = {str: "text", bool: "integer", int: "integer", float: "numeric", bytes: "blob"}
-  cols = ", ".join(f'"{k}" {types[type(v)]}' for k, v in key.items())
-  try:
-    conn = _cache_db()
-    conn.execute(f'CREATE TABLE IF NOT EXISTS "{tbl}" ({cols}, val blob, PRIMARY KEY ({", ".join(chr(34) + k + chr(34) for k in key)}))')
-    conn.execute(f'REPLACE INTO "{tbl}" ({", ".join(chr(34) + k + chr(34) for k in key)}, val) VALUES ({", ".join("?" * (len(key) + 1))})',
-                 tuple(key.values()) + (pickle.dumps(val),))
-  except (sqlite3.Error, OSError):
-    pass
+  names = ", ".join(f'"{k}"' for k in key)
+  cols = ", ".join(f'"{k}" {_KEY_TYPES[type(v)]}' for k, v in key.items())
+  row = tuple(key.values()) + (kind, blob, _cache_checksum(tbl, key, kind, blob))
+
+  def store(conn: Any) -> None:
+    conn.execute(f'CREATE TABLE IF NOT EXISTS "{tbl}" ({cols}, kind text, val blob, sha text, PRIMARY KEY ({names}))')
+    conn.execute(f'REPLACE INTO "{tbl}" ({names}, kind, val, sha) VALUES ({", ".join("?" * len(row))})', row)
+  _cache_run(store)
   return val
 
 
 def diskcache(func: Callable[..., T]) -> Callable[..., T]:
-  """Memoize func on disk, keyed by the hash of its arguments."""
+  """Memoize func on disk, keyed by the hash of its arguments. func returns bytes or JSON data (see diskcache_put);
+  a call served from disk returns the JSON form (lists where func returned tuples)."""
   def wrapper(*args: Any, **kwargs: Any) -> T:
     key = hashlib.sha256(pickle_dumps((args, kwargs))).hexdigest()
     if (ret := diskcache_get(func.__name__, key)) is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import glob
+import hashlib
 import importlib.util
 import os
 import re
@@ -133,7 +134,9 @@ class NVRTCCompiler(Compiler):
     self.options = [f"--gpu-architecture={self.arch if not ptx else self.arch.replace('sm_', 'compute_')}", f"-I{cuda_include_dir()}",
                     "--std=c++14", "-default-device"] + list(extra_options or [])
     major, minor = nvrtc_version()
-    super().__init__(f"compile_nvrtc{major}{minor}_{self.arch}{'_ptx' if ptx else ''}")
+    # extra options (and the header directory) change the output: they are part of the cache key
+    opts_id = hashlib.sha256("\0".join(self.options).encode()).hexdigest()[:12]
+    super().__init__(f"compile_nvrtc{major}{minor}_{self.arch}{'_ptx' if ptx else ''}_{opts_id}")
 
   def compile(self, src: str) -> bytes:
     """The CUBIN (or PTX text) of src. Raises CompileError with the source and NVRTC's log when NVRTC rejects it."""

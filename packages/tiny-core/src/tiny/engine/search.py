@@ -137,6 +137,25 @@ def _cache_key(lin: Any, amt: int, dname: str) -> Dict[str, Any]:
   return {"ast": lin.ast.key.hex() if isinstance(lin.ast.key, bytes) else str(lin.ast.key), "amt": amt, "device": dname}
 
 
+def _from_cache(lin: Any, cached: Any) -> Any:
+  """lin with the cached opts ([op name, axis, amt] rows) applied; None when there are none or they do not replay
+  (another version's entry): then the search runs again and overwrites it."""
+  from tiny.codegen.kernel import KernelOptError, Opt, OptOps
+  if not isinstance(cached, list):
+    return None
+  try:
+    opts = [Opt(OptOps[op], axis, amt) for op, axis, amt in cached]
+    if opts[:len(lin.applied_opts)] != list(lin.applied_opts) or \
+        not all(x is None or (isinstance(x, int) and not isinstance(x, bool)) for o in opts for x in (o.axis, o.amt)):
+      return None
+    ret = lin.copy()
+    for o in opts[len(lin.applied_opts):]:
+      ret.apply_opt(o)
+  except (KernelOptError, KeyError, IndexError, TypeError, ValueError, AssertionError):
+    return None
+  return ret
+
+
 def _pool() -> Any:
   workers = getenv("PARALLEL", min(os.cpu_count() or 1, 8))
   if workers <= 1:
@@ -155,11 +174,8 @@ def beam_search(lin: Any, rawbufs: List[Buffer], amt: int, allow_test_size: bool
   their opts must begin with lin's."""
   dname = dname or lin.opts.device
   key = _cache_key(lin, amt, dname)
-  if not getenv("IGNORE_BEAM_CACHE") and CACHELEVEL >= 1 and (cached := diskcache_get("beam_search", key)) is not None:
+  if not getenv("IGNORE_BEAM_CACHE") and CACHELEVEL >= 1 and (ret := _from_cache(lin, diskcache_get("beam_search", key))) is not None:
     search_stats["cache_hits"] += 1
-    ret = lin.copy()
-    for o in cached[len(lin.applied_opts):]:
-      ret.apply_opt(o)
     return ret
   rawbufs = [b.ensure_allocated() for b in rawbufs]
   for b in rawbufs:
@@ -215,5 +231,5 @@ def beam_search(lin: Any, rawbufs: List[Buffer], amt: int, allow_test_size: bool
   if DEBUG >= 1:
     print(f"BEAM {amt}: {beam[0][1] * 1e6:.2f} us in {time.perf_counter() - t0:.2f} s with {best.applied_opts}")
   if CACHELEVEL >= 1:
-    diskcache_put("beam_search", key, list(best.applied_opts))
+    diskcache_put("beam_search", key, [[o.op.name, o.axis, o.amt] for o in best.applied_opts])
   return best
