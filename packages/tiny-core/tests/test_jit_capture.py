@@ -155,3 +155,15 @@ def test_reset_recaptures():
   assert jf.jit_kernels == 0
   for _ in range(3):
     np.testing.assert_allclose(jf(Tensor([5.0, 6.0, 7.0])).numpy(), [4.0, 5.0, 6.0])
+
+
+def test_returned_inputs_are_this_calls_inputs():
+  """A jitted function that returns an input (or a view of one) returns the input of that call, not the captured one."""
+  jf = TinyJit(lambda a: (a, a[1:], (a * 2).realize()))
+  for i in range(4):
+    an = np.arange(4, dtype=np.float32) + 10 * i
+    a = Tensor(an)
+    same, view, doubled = jf(a)
+    np.testing.assert_array_equal(same.numpy(), an, err_msg=f"returned input, call {i + 1}")
+    np.testing.assert_array_equal(view.numpy(), an[1:], err_msg=f"returned view of the input, call {i + 1}")
+    np.testing.assert_array_equal(doubled.numpy(), an * 2, err_msg=f"computed output, call {i + 1}")

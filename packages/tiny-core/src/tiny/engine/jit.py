@@ -3,8 +3,9 @@
 The first call runs eagerly (it warms caches and realizes lazily created state such as optimizer
 buffers), the second call is captured, and every later call replays the captured `ExecItem`s with
 the new input buffers swapped in. Tensors a replay returns live in fresh buffers, so results of two
-calls never alias each other. Symbolic shapes (bound `Variable`s in shapes or passed as arguments)
-are passed to the kernels as arguments, so one capture serves every value of the variable.
+calls never alias each other; an input the function returns (or a view of one) is that call's input.
+Symbolic shapes (bound `Variable`s in shapes or passed as arguments) are passed to the kernels as
+arguments, so one capture serves every value of the variable.
 """
 from __future__ import annotations
 
@@ -157,6 +158,7 @@ class TinyJit(Generic[ReturnType]):
     self.out_template: Any = None
     self.out_bufs: List[Buffer] = []
     self.out_lbs: List[Any] = []
+    self.out_from_input: Dict[int, int] = {}
 
   @property
   def jit_kernels(self) -> int:
@@ -232,6 +234,10 @@ class TinyJit(Generic[ReturnType]):
       if b is not None and id(b.base) not in cap.preexisting and not any(b is x for x in input_bufs) and not any(b is x for x in self.out_bufs):
         self.out_bufs.append(b)
     self.out_template = ret
+    # outputs that are inputs (or views of one): a replay returns that call's input there, not the captured one
+    in_index = {id(b): i for i, b in enumerate(input_bufs)}
+    self.out_from_input = {k: in_index[id(lb.base.realized)] for k, lb in enumerate(self.out_lbs)
+                           if lb.base.realized is not None and id(lb.base.realized) in in_index}
     # let intermediates of the step share memory; inputs, outputs and preexisting buffers keep theirs
     keep = set(b.base for b in input_bufs + self.out_bufs)
     keep |= {b.base for ei in cap.items for b in ei.bufs if b is not None and id(b.base) in cap.preexisting}
@@ -277,24 +283,29 @@ class TinyJit(Generic[ReturnType]):
       self.jit_cache[j].bufs[i] = None
     if DEBUG >= 2:
       print(f"JIT replayed {len(self.jit_cache)} items, {GlobalCounters.kernel_count} kernels so far")
-    return self._rebuild(fresh)
+    return self._rebuild(fresh, tensors)
 
-  def _rebuild(self, fresh: List[Buffer]) -> Any:
-    """The captured return structure, with each output Tensor now backed by this call's buffers."""
+  def _rebuild(self, fresh: List[Buffer], inputs: List[Any]) -> Any:
+    """The captured return structure, with each output Tensor now backed by this call's buffers (and inputs)."""
     swap = {id(old): new for old, new in zip(self.out_bufs, fresh)}
-    return self._rebuild_value(self.out_template, swap, itertools.count())
+    return self._rebuild_value(self.out_template, swap, inputs, itertools.count())
 
-  def _rebuild_value(self, x: Any, swap: Dict[int, Buffer], counter: Iterator[int]) -> Any:
+  def _rebuild_value(self, x: Any, swap: Dict[int, Buffer], inputs: List[Any], counter: Iterator[int]) -> Any:
     # a method, not a recursive closure: a closure that refers to itself is a reference cycle, which would keep every
     # call's output buffers alive until the garbage collector runs (and the next call could not reuse them)
     from tiny.lazy import LazyBuffer, create_lazybuffer
     from tiny.ops import MetaOps
     from tiny.tensor import Tensor
     if isinstance(x, Tensor):
-      lb = self.out_lbs[next(counter)]
+      k = next(counter)
+      lb = self.out_lbs[k]
+      if (i := self.out_from_input.get(k)) is not None:
+        src = inputs[i].lazydata.base
+        return Tensor(src if lb.base is lb else create_lazybuffer(lb.device, lb.st, lb.dtype, base=src, enable_cache=False),
+                      device=lb.device, requires_grad=False)
       buf = lb.base.realized
       if buf is None or id(buf) not in swap:
-        return x  # an input or a preexisting buffer: it is what it was
+        return x  # a preexisting buffer (a weight, state): it is what it was
       nb = swap[id(buf)]
       base = LazyBuffer(lb.device, lb.base.st, lb.base.dtype, MetaOps.EMPTY)
       base.buffer = nb
@@ -302,9 +313,9 @@ class TinyJit(Generic[ReturnType]):
       view = base if lb.base is lb else create_lazybuffer(lb.device, lb.st, lb.dtype, base=base, enable_cache=False)
       return Tensor(view, device=lb.device, requires_grad=False)
     if isinstance(x, tuple):
-      return tuple(self._rebuild_value(v, swap, counter) for v in x)
+      return tuple(self._rebuild_value(v, swap, inputs, counter) for v in x)
     if isinstance(x, list):
-      return [self._rebuild_value(v, swap, counter) for v in x]
+      return [self._rebuild_value(v, swap, inputs, counter) for v in x]
     if isinstance(x, dict):
-      return {k: self._rebuild_value(x[k], swap, counter) for k in x}
+      return {key: self._rebuild_value(x[key], swap, inputs, counter) for key in x}
     return x

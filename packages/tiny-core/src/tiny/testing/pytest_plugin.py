@@ -4,6 +4,7 @@
 pytest --tiny-device=MYCHIP --tiny-conformance        # prove a device package, from any directory
 pytest --tiny-device=CLANG tests/                     # run a project's own tests on CLANG
 pytest --tiny-device=METAL --tiny-conformance --tiny-skip-dtypes=float64,bfloat16
+pytest --tiny-device=MYCHIP --tiny-conformance --tiny-quick   # a representative subset, well under a minute on a CPU device
 ```
 
 Options:
@@ -12,8 +13,15 @@ Options:
   --tiny-conformance      collect the conformance suite shipped in ``tiny.testing.conformance``; without paths on the
                           command line only the kit runs, with paths the kit runs in addition to them.
   --tiny-skip-dtypes=a,b  dtypes the device does not support; kit tests needing them skip with that reason.
+  --tiny-quick            run only the kit's quick subset: kit tests without the ``kit_quick`` marker are deselected and the
+                          hypothesis tests draw fewer examples. Without it the whole kit runs.
 
-Marker: ``@pytest.mark.needs_device("CUDA")`` skips a test, with the device probe's reason, where CUDA cannot run.
+Markers:
+  ``@pytest.mark.needs_device("CUDA")`` skips a test, with the device probe's reason, where CUDA cannot run.
+  ``@pytest.mark.kit_quick`` puts a kit test in the quick subset; it works on a test, on a ``pytest.param`` of a
+  parametrized test (only that case is quick) and on a whole module (``pytestmark = pytest.mark.kit_quick``). Kit
+  modules pass their hypothesis example counts through ``tiny.testing.conformance._kit.examples(n)`` (see
+  ``quick_mode()``) so a quick run also draws fewer examples. Tests outside the kit folder are never deselected.
 
 Loading this plugin is free for projects that do not use it: tiny itself is imported only when an option or the
 marker is used.
@@ -37,6 +45,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                   help="collect tiny's conformance suite (tiny.testing.conformance) for the device under test")
   group.addoption("--tiny-skip-dtypes", action="store", default="", metavar="DTYPES",
                   help="comma-separated dtype names the device does not support (float64,bfloat16,...); kit tests skip them")
+  group.addoption("--tiny-quick", action="store_true", default=False,
+                  help="run only the conformance kit's quick subset (tests marked kit_quick, fewer hypothesis examples)")
 
 
 def conformance_dir() -> Path:
@@ -64,6 +74,9 @@ def _select_device(name: str) -> str:
 def pytest_configure(config: pytest.Config) -> None:
   config.addinivalue_line("markers", "needs_device(name): skip (with the device probe's reason) where the tiny device cannot run")
   config.addinivalue_line("markers", "tiny_conformance: a test of tiny's device conformance kit")
+  config.addinivalue_line("markers", "kit_quick: a conformance kit test (or parametrized case) that --tiny-quick runs")
+  global _quick
+  _quick = bool(config.getoption("tiny_quick", False))
   if (name := config.getoption("tiny_device", None)) is not None:
     config.stash[_device_key] = _select_device(name)
   if config.getoption("tiny_conformance", False):
@@ -75,7 +88,33 @@ def pytest_configure(config: pytest.Config) -> None:
       config.args[:] = [kit]
 
 
+def pytest_unconfigure(config: pytest.Config) -> None:
+  global _quick
+  _quick = False
+
+
 _device_key = pytest.StashKey[str]()
+# --tiny-quick of the running session: a module global because kit modules read it at import (hypothesis settings)
+_quick = False
+
+
+def quick_mode() -> bool:
+  """True while pytest runs with --tiny-quick: kit tests then keep their example counts and sizes small."""
+  return _quick
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item]) -> None:
+  if not config.getoption("tiny_quick", False):
+    return
+  kit = conformance_dir().resolve()
+  keep: List[pytest.Item] = []
+  drop: List[pytest.Item] = []
+  for item in items:
+    in_kit = kit in Path(item.path).resolve().parents
+    (drop if in_kit and item.get_closest_marker("kit_quick") is None else keep).append(item)
+  if drop:
+    config.hook.pytest_deselected(items=drop)
+    items[:] = keep
 
 
 def _device_reason(name: str) -> Optional[str]:

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
+import pytest
 
 from tiny.dtype import DType, dtypes
 from tiny.tensor import Tensor
@@ -18,9 +19,33 @@ ALL = FLOATS + INTS + (dtypes.bool,)
 
 MovementOp = Tuple[str, Any]
 
+# the marker of the quick subset (--tiny-quick): on a test, a pytest.param or a module (pytestmark = QUICK)
+QUICK = pytest.mark.kit_quick
+
+
+def quick_cases(values: Sequence[Any], is_quick: Callable[[Any], bool], ids: Optional[Callable[[Any], str]] = None,
+                unpack: bool = False) -> List[Any]:
+  """values as pytest.params for parametrize, the ones is_quick accepts marked as part of the quick subset.
+
+  unpack=True spreads each (tuple) value over several argument names ("a,b"), as parametrize does with plain tuples."""
+  out = []
+  for v in values:
+    args = tuple(v) if unpack else (v,)
+    out.append(pytest.param(*args, id=ids(v) if ids is not None else None, marks=QUICK if is_quick(v) else ()))
+  return out
+
+
+def quick() -> bool:
+  """True when the kit runs with --tiny-quick."""
+  from tiny.testing.pytest_plugin import quick_mode
+  return quick_mode()
+
 
 def examples(n: int) -> int:
-  """n hypothesis examples for the kit's quick run; the profile's (long) count under HYPOTHESIS_PROFILE=fuzz."""
+  """n hypothesis examples for the kit's default run, a quarter of them (at least 2) under --tiny-quick, and the
+  profile's (long) count under HYPOTHESIS_PROFILE=fuzz."""
+  if quick():
+    return max(2, n // 4)
   if os.getenv("HYPOTHESIS_PROFILE", "default") == "default":
     return n
   from hypothesis import settings

@@ -7,7 +7,7 @@ import pytest
 from tiny.dtype import dtypes
 from tiny.tensor import Tensor
 
-from ._kit import check, data
+from ._kit import QUICK, check, data
 
 PAIRS = [
   ((3, 1), (1, 4)),
@@ -21,7 +21,7 @@ PAIRS = [
 ]
 
 
-@pytest.mark.parametrize("sa,sb", PAIRS, ids=str)
+@pytest.mark.parametrize("sa,sb", [pytest.param(*p, id=f"{p[0]}-{p[1]}", marks=QUICK if p in (PAIRS[2], PAIRS[6]) else ()) for p in PAIRS])
 @pytest.mark.parametrize("dt", [dtypes.float32, dtypes.int32], ids=lambda d: d.name)
 def test_broadcast_binary(sa, sb, dt, tiny_device):
   a, b = data(sa, dt, seed=1), data(sb, dt, seed=2)
@@ -31,7 +31,7 @@ def test_broadcast_binary(sa, sb, dt, tiny_device):
   check(ta < tb, a < b, dt=dtypes.bool, what="a < b")
 
 
-@pytest.mark.parametrize("sa,sb", PAIRS[:6], ids=str)
+@pytest.mark.parametrize("sa,sb", [pytest.param(*p, id=f"{p[0]}-{p[1]}", marks=QUICK if p == PAIRS[5] else ()) for p in PAIRS[:6]])
 def test_broadcast_where(sa, sb, tiny_device):
   a, b = data(sa, dtypes.float32, seed=3), data(sb, dtypes.float32, seed=4)
   ta, tb = Tensor(a, device=tiny_device), Tensor(b, device=tiny_device)

@@ -7,7 +7,7 @@ import pytest
 from tiny.dtype import dtypes
 from tiny.tensor import Tensor
 
-from ._kit import ALL, FLOATS, INTS, check, np_dtype
+from ._kit import ALL, FLOATS, INTS, QUICK, check, np_dtype, quick_cases
 
 
 def _source_values(dt):
@@ -19,7 +19,9 @@ def _source_values(dt):
   return np.array([0, 1, 2, 7, 100, 127], dtype=np_dtype(dt))
 
 
-CASTS = [pytest.param(a, b, id=f"{a.name}->{b.name}") for a in ALL for b in ALL if a != b]
+QUICK_CASTS = {(dtypes.float32, dtypes.int8), (dtypes.int32, dtypes.float32), (dtypes.float16, dtypes.float32), (dtypes.float32, dtypes.float16),
+               (dtypes.bool, dtypes.float32), (dtypes.uint8, dtypes.int64), (dtypes.float64, dtypes.uint32)}
+CASTS = [pytest.param(a, b, id=f"{a.name}->{b.name}", marks=QUICK if (a, b) in QUICK_CASTS else ()) for a in ALL for b in ALL if a != b]
 
 
 @pytest.mark.parametrize("src,dst", CASTS)
@@ -29,15 +31,16 @@ def test_cast(src, dst, tiny_device, tiny_require_dtype):
   check(Tensor(a, device=tiny_device).cast(dst), a.astype(np_dtype(dst)), dt=dst, atol=0, rtol=0, what=f"cast {src}->{dst}")
 
 
-@pytest.mark.parametrize("dst", [dtypes.int8, dtypes.int32, dtypes.int64], ids=lambda d: d.name)
+@pytest.mark.parametrize("dst", quick_cases([dtypes.int8, dtypes.int32, dtypes.int64], lambda d: d == dtypes.int32, ids=lambda d: d.name))
 def test_cast_float_to_int_truncates(dst, tiny_device, tiny_require_dtype):
   tiny_require_dtype(dst)
   a = np.array([-2.75, -1.5, -0.5, 0.5, 1.5, 2.99, -100.9, 100.9], dtype=np.float32)
   check(Tensor(a, device=tiny_device).cast(dst), np.trunc(a).astype(np_dtype(dst)), dt=dst, what="float->int rounds toward zero")
 
 
-@pytest.mark.parametrize("src,dst", [(dtypes.int32, dtypes.int8), (dtypes.int32, dtypes.uint8), (dtypes.int64, dtypes.int32),
-                                     (dtypes.uint32, dtypes.uint16), (dtypes.int16, dtypes.uint16)], ids=str)
+@pytest.mark.parametrize("src,dst", quick_cases([(dtypes.int32, dtypes.int8), (dtypes.int32, dtypes.uint8), (dtypes.int64, dtypes.int32),
+                                                 (dtypes.uint32, dtypes.uint16), (dtypes.int16, dtypes.uint16)],
+                                                lambda c: c == (dtypes.int32, dtypes.int8), ids=lambda c: f"{c[0]}-{c[1]}", unpack=True))
 def test_cast_int_narrowing_wraps(src, dst, tiny_device, tiny_require_dtype):
   tiny_require_dtype(src, dst)
   a = np.array([-300, -129, -1, 0, 255, 256, 1000, 70000], dtype=np.int64).astype(np_dtype(src))
@@ -64,7 +67,8 @@ BITCASTS = [(dtypes.float32, dtypes.int32), (dtypes.float32, dtypes.uint32), (dt
             (dtypes.float64, dtypes.int64), (dtypes.int64, dtypes.float64), (dtypes.uint64, dtypes.int64)]
 
 
-@pytest.mark.parametrize("src,dst", BITCASTS, ids=[f"{a.name}->{b.name}" for a, b in BITCASTS])
+@pytest.mark.parametrize("src,dst", quick_cases(BITCASTS, lambda c: c in ((dtypes.float32, dtypes.int32), (dtypes.uint16, dtypes.float16)),
+                                                ids=lambda c: f"{c[0].name}->{c[1].name}", unpack=True))
 def test_bitcast(src, dst, tiny_device, tiny_require_dtype):
   tiny_require_dtype(src, dst)
   if src in FLOATS:

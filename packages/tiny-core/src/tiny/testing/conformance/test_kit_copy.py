@@ -7,10 +7,10 @@ import pytest
 from tiny.dtype import dtypes
 from tiny.tensor import Tensor
 
-from ._kit import ALL, arange_np, check, data, np_dtype
+from ._kit import ALL, QUICK, arange_np, check, data, np_dtype, quick_cases
 
 
-@pytest.mark.parametrize("dt", ALL, ids=lambda d: d.name)
+@pytest.mark.parametrize("dt", quick_cases(ALL, lambda d: d in (dtypes.float32, dtypes.float16, dtypes.int64, dtypes.bool), ids=lambda d: d.name))
 def test_roundtrip(dt, tiny_device, tiny_require_dtype):
   tiny_require_dtype(dt)
   a = data((3, 7), dt, seed=1)
@@ -21,12 +21,14 @@ def test_roundtrip(dt, tiny_device, tiny_require_dtype):
   np.testing.assert_array_equal(out, a, err_msg=f"{dt} round trip on {tiny_device}")
 
 
+@QUICK
 def test_roundtrip_sizes(tiny_device):
   for n in (0, 1, 3, 64, 1000, 1 << 16):
     a = np.random.default_rng(n).integers(-(1 << 30), 1 << 30, size=n, dtype=np.int64).astype(np.int32)
     np.testing.assert_array_equal(Tensor(a, device=tiny_device).realize().numpy(), a, err_msg=f"{n} elements")
 
 
+@QUICK
 def test_copy_of_views(tiny_device):
   base = arange_np((4, 6), np.float32)
   t = Tensor(base, device=tiny_device).realize()
@@ -35,7 +37,8 @@ def test_copy_of_views(tiny_device):
   check(t.reshape(3, 8)[2], base.reshape(3, 8)[2], what="row of a reshape read back")
 
 
-@pytest.mark.parametrize("dt", [dtypes.float32, dtypes.int8, dtypes.uint16, dtypes.int64, dtypes.bool], ids=lambda d: d.name)
+@pytest.mark.parametrize("dt", quick_cases([dtypes.float32, dtypes.int8, dtypes.uint16, dtypes.int64, dtypes.bool], lambda d: d == dtypes.int8,
+                                            ids=lambda d: d.name))
 def test_transfer_to_and_from_python(dt, tiny_device, tiny_require_dtype):
   tiny_require_dtype(dt)
   a = data((2, 5), dt, seed=2)
@@ -56,6 +59,7 @@ def test_transfer_of_computed_result(tiny_device):
   check(u, (a - 1).sum(1), atol=1e-6, rtol=1e-6, what="compute on PYTHON, then reduce on the device")
 
 
+@QUICK
 def test_assign_overwrites_buffer(tiny_device):
   a = arange_np((5,), np.float32)
   t = Tensor(a, device=tiny_device).realize()

@@ -7,7 +7,7 @@ import pytest
 from tiny.dtype import dtypes
 from tiny.tensor import Tensor
 
-from ._kit import ALL, FLOATS, INTS, SIGNED, UNSIGNED, check, data
+from ._kit import ALL, FLOATS, INTS, QUICK, SIGNED, UNSIGNED, check, data, quick_cases
 
 SHAPE = (3, 5)
 
@@ -42,11 +42,16 @@ UNARY = [
 ]
 
 
-def _cases(table):
-  return [pytest.param(row, dt, id=f"{row[0]}-{dt.name}") for row in table for dt in row[3]]
+def _cases(table, quick):
+  return [pytest.param(row, dt, id=f"{row[0]}-{dt.name}", marks=QUICK if (row[0], dt) in quick else ()) for row in table for dt in row[3]]
 
 
-@pytest.mark.parametrize("row,dt", _cases(BINARY))
+QUICK_BINARY = {("add", dtypes.float32), ("div", dtypes.float32), ("lt", dtypes.float32), ("mul", dtypes.int32), ("sub", dtypes.uint8),
+                ("xor", dtypes.int32), ("add", dtypes.float16), ("mul", dtypes.int64)}
+QUICK_UNARY = {("exp2", dtypes.float32), ("log2", dtypes.float32), ("sin", dtypes.float32), ("reciprocal", dtypes.float16), ("abs", dtypes.int32)}
+
+
+@pytest.mark.parametrize("row,dt", _cases(BINARY, QUICK_BINARY))
 def test_binary(row, dt, tiny_device, tiny_require_dtype):
   name, fxn, npfxn, _ = row
   tiny_require_dtype(dt)
@@ -59,7 +64,7 @@ def test_binary(row, dt, tiny_device, tiny_require_dtype):
   check(fxn(Tensor(a, device=tiny_device), Tensor(b, device=tiny_device)), want, dt=dtypes.bool if want.dtype == np.bool_ else dt, what=name)
 
 
-@pytest.mark.parametrize("row,dt", [pytest.param(r, dt, id=f"{r[0]}-{dt.name}") for r in UNARY for dt in r[3]])
+@pytest.mark.parametrize("row,dt", _cases(UNARY, QUICK_UNARY))
 def test_unary(row, dt, tiny_device, tiny_require_dtype):
   name, fxn, npfxn, _, kw = row
   tiny_require_dtype(dt)
@@ -69,7 +74,7 @@ def test_unary(row, dt, tiny_device, tiny_require_dtype):
   check(fxn(Tensor(a, device=tiny_device)), want, dt=dt, transcendental=dtypes.is_float(dt), what=name)
 
 
-@pytest.mark.parametrize("dt", INTS, ids=lambda d: d.name)
+@pytest.mark.parametrize("dt", quick_cases(INTS, lambda d: d == dtypes.int32, ids=lambda d: d.name))
 def test_int_division_truncates(dt, tiny_device, tiny_require_dtype):
   tiny_require_dtype(dt)
   a = data(SHAPE, dt, seed=4, low=0 if dt in UNSIGNED else -50, high=100)
@@ -80,7 +85,7 @@ def test_int_division_truncates(dt, tiny_device, tiny_require_dtype):
   check(Tensor(a, device=tiny_device).idiv(Tensor(b, device=tiny_device)), want, dt=dt, what="idiv")
 
 
-@pytest.mark.parametrize("dt", FLOATS + INTS + (dtypes.bool,), ids=lambda d: d.name)
+@pytest.mark.parametrize("dt", quick_cases(FLOATS + INTS + (dtypes.bool,), lambda d: d == dtypes.float32, ids=lambda d: d.name))
 def test_where(dt, tiny_device, tiny_require_dtype):
   tiny_require_dtype(dt)
   cond, a, b = data(SHAPE, dtypes.bool, seed=6), data(SHAPE, dt, seed=7), data(SHAPE, dt, seed=8)
@@ -88,7 +93,7 @@ def test_where(dt, tiny_device, tiny_require_dtype):
   check(t, np.where(cond, a, b), dt=dt, what="where")
 
 
-@pytest.mark.parametrize("dt", FLOATS + (dtypes.int32, dtypes.uint8), ids=lambda d: d.name)
+@pytest.mark.parametrize("dt", quick_cases(FLOATS + (dtypes.int32, dtypes.uint8), lambda d: d == dtypes.float32, ids=lambda d: d.name))
 def test_fused_chain(dt, tiny_device, tiny_require_dtype):
   """Several ops and a constant in one kernel."""
   tiny_require_dtype(dt)
@@ -99,7 +104,7 @@ def test_fused_chain(dt, tiny_device, tiny_require_dtype):
   check(out, np.where((a * b + a) < b + c3, a, b * c2), dt=dt, what="fused chain")
 
 
-@pytest.mark.parametrize("dt", FLOATS, ids=lambda d: d.name)
+@pytest.mark.parametrize("dt", quick_cases(FLOATS, lambda d: d == dtypes.float32, ids=lambda d: d.name))
 def test_special_float_values(dt, tiny_device, tiny_require_dtype):
   tiny_require_dtype(dt)
   a = np.array([0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, np.nan, 1e-3], dtype=dt.fmt)
@@ -118,7 +123,8 @@ def test_scalar_and_const_tensors(tiny_device):
   check(Tensor.arange(6, device=tiny_device) * 3, np.arange(6, dtype=np.int32) * 3, dt=dtypes.int32, what="arange")
 
 
-@pytest.mark.parametrize("dt", [dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16], ids=lambda d: d.name)
+@pytest.mark.parametrize("dt", quick_cases([dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16], lambda d: d == dtypes.int8,
+                                            ids=lambda d: d.name))
 def test_narrow_int_results_wrap(dt, tiny_device, tiny_require_dtype):
   """A narrow int result wraps to its dtype before it feeds a division, a comparison or a max (C would promote to int)."""
   tiny_require_dtype(dt)

@@ -3,6 +3,7 @@ elementwise op and reduced, and each result equals numpy applying the same chain
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -10,6 +11,8 @@ from tiny.tensor import Tensor
 from tiny.testing.strategies import apply_to_numpy, movement_chains, op_output_shape, shapes
 
 from ._kit import apply_to_tensor, arange_np, check, examples
+
+pytestmark = pytest.mark.kit_quick   # in the quick subset, with a quarter of the examples (see examples())
 
 
 @settings(max_examples=examples(12), deadline=None)

@@ -7,20 +7,21 @@ import pytest
 from tiny.dtype import dtypes
 from tiny.tensor import Tensor
 
-from ._kit import check, data
+from ._kit import QUICK, check, data, quick_cases
 
 MATMUL = [((1, 1), (1, 1)), ((3, 4), (4, 5)), ((5,), (5, 3)), ((4, 6), (6,)), ((4,), (4,)), ((2, 3, 4), (4, 2)),
           ((2, 1, 3, 4), (3, 4, 2)), ((8, 16), (16, 8)), ((3, 0), (0, 2))]
 
 
-@pytest.mark.parametrize("sa,sb", MATMUL, ids=str)
+@pytest.mark.parametrize("sa,sb", quick_cases(MATMUL, lambda c: c in (((2, 1, 3, 4), (3, 4, 2)), ((3, 0), (0, 2)), ((5,), (5, 3))),
+                                               ids=lambda c: f"{c[0]}-{c[1]}", unpack=True))
 def test_matmul_float(sa, sb, tiny_device):
   a, b = data(sa, dtypes.float32, seed=1), data(sb, dtypes.float32, seed=2)
   check(Tensor(a, device=tiny_device) @ Tensor(b, device=tiny_device), a.astype(np.float64) @ b.astype(np.float64),
         dt=dtypes.float32, atol=1e-5, rtol=1e-5, what="matmul")
 
 
-@pytest.mark.parametrize("dt", [dtypes.int32, dtypes.float16, dtypes.float64], ids=lambda d: d.name)
+@pytest.mark.parametrize("dt", quick_cases([dtypes.int32, dtypes.float16, dtypes.float64], lambda d: d == dtypes.int32, ids=lambda d: d.name))
 def test_matmul_dtypes(dt, tiny_device, tiny_require_dtype):
   tiny_require_dtype(dt)
   a, b = data((3, 5), dt, seed=3), data((5, 4), dt, seed=4)
@@ -68,7 +69,8 @@ CONV = [
 ]
 
 
-@pytest.mark.parametrize("xs,ws,kw", CONV, ids=[f"{c[0]}x{c[1]}-{c[2]}" for c in CONV])
+@pytest.mark.parametrize("xs,ws,kw", quick_cases(CONV, lambda c: c[2] in ({"padding": 1}, {"groups": 2, "padding": 1}),
+                                                  ids=lambda c: f"{c[0]}x{c[1]}-{c[2]}", unpack=True))
 def test_conv2d(xs, ws, kw, tiny_device):
   kw = dict(kw)
   x, w = data(xs, dtypes.float32, seed=7), data(ws, dtypes.float32, seed=8)
@@ -78,6 +80,7 @@ def test_conv2d(xs, ws, kw, tiny_device):
   check(out, conv2d_np(x, w, bias, **kw), dt=dtypes.float32, atol=1e-5, rtol=1e-5, what="conv2d")
 
 
+@QUICK
 def test_max_pool2d(tiny_device):
   x = data((1, 2, 6, 6), dtypes.float32, seed=10)
   want = x.reshape(1, 2, 3, 2, 3, 2).max(axis=(3, 5))

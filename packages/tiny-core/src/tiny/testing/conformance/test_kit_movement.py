@@ -10,7 +10,7 @@ from tiny.dtype import dtypes
 from tiny.tensor import Tensor
 from tiny.testing.strategies import apply_to_numpy
 
-from ._kit import apply_to_tensor, arange_np, check
+from ._kit import QUICK, apply_to_tensor, arange_np, check, quick_cases
 
 # (start shape, chain): each exercises one index/valid pattern of the ShapeTracker
 CHAINS: Dict[str, Tuple[Tuple[int, ...], List[Tuple[str, Any]]]] = {
@@ -43,7 +43,8 @@ CHAINS: Dict[str, Tuple[Tuple[int, ...], List[Tuple[str, Any]]]] = {
 }
 
 
-@pytest.mark.parametrize("name", list(CHAINS))
+@pytest.mark.parametrize("name", quick_cases(list(CHAINS), lambda n: n in ("permute_reshape", "pad_stride", "flip_reshape_pad", "expand_pad_shrink",
+                                                                        "stride_3_neg3", "size_one_dims")))
 @pytest.mark.parametrize("dt", [dtypes.float32, dtypes.int32, dtypes.uint8], ids=lambda d: d.name)
 def test_movement_chain(name, dt, tiny_device, tiny_require_dtype):
   tiny_require_dtype(dt)
@@ -54,7 +55,7 @@ def test_movement_chain(name, dt, tiny_device, tiny_require_dtype):
   check(out, want, dt=dt, what=name)
 
 
-@pytest.mark.parametrize("name", ["pad", "pad_then_shrink", "pad_flip", "pad_stride", "pad_pad"])
+@pytest.mark.parametrize("name", quick_cases(["pad", "pad_then_shrink", "pad_flip", "pad_stride", "pad_pad"], lambda n: n == "pad_pad"))
 def test_pad_value(name, tiny_device):
   shape, ops = CHAINS[name]
   base = arange_np(shape, np.float32)
@@ -62,7 +63,8 @@ def test_pad_value(name, tiny_device):
         dt=dtypes.float32, what=f"{name} with pad value")
 
 
-@pytest.mark.parametrize("name", ["permute", "pad", "flip_all", "stride_neg", "pad_stride", "expand_pad_shrink"])
+@pytest.mark.parametrize("name", quick_cases(["permute", "pad", "flip_all", "stride_neg", "pad_stride", "expand_pad_shrink"],
+                                            lambda n: n == "expand_pad_shrink"))
 def test_movement_feeds_elementwise_and_reduce(name, tiny_device):
   """The moved view is read inside a compute kernel (no copy in between), masked loads included."""
   shape, ops = CHAINS[name]
@@ -73,6 +75,7 @@ def test_movement_feeds_elementwise_and_reduce(name, tiny_device):
   check(moved.sum(0), want.sum(0), dt=dtypes.float32, what=f"{name} then reduce")
 
 
+@QUICK
 def test_indexing_and_slicing(tiny_device):
   base = arange_np((4, 5, 6), np.int32)
   t = Tensor(base, device=tiny_device)
@@ -82,6 +85,7 @@ def test_indexing_and_slicing(tiny_device):
   check(t[..., None, 3], base[..., None, 3], what="t[..., None, 3]")
 
 
+@QUICK
 def test_cat_and_stack(tiny_device):
   a, b = arange_np((2, 3), np.float32), arange_np((2, 3), np.float32) + 10
   ta, tb = Tensor(a, device=tiny_device), Tensor(b, device=tiny_device)

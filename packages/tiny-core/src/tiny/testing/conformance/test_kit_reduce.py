@@ -11,7 +11,7 @@ import pytest
 from tiny.dtype import dtypes
 from tiny.tensor import Tensor
 
-from ._kit import check, data
+from ._kit import QUICK, check, data, quick_cases
 
 SHAPES = [(7,), (3, 4), (2, 3, 4), (1, 5, 1), (2, 1, 3, 2)]
 
@@ -27,7 +27,8 @@ CASES = [(s, ax) for s in SHAPES for ax in _axes(s)]
 CASE_IDS = [f"{s}-axis{ax}" for s, ax in CASES]
 
 
-@pytest.mark.parametrize("shape,axis", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("shape,axis", [pytest.param(*c, id=i, marks=QUICK if c in (((2, 3, 4), (0, 2)), ((2, 1, 3, 2), None)) else ())
+                                        for c, i in zip(CASES, CASE_IDS)])
 def test_sum_max_float(shape, axis, tiny_device):
   a = data(shape, dtypes.float32, seed=1)
   t = Tensor(a, device=tiny_device)
@@ -35,7 +36,8 @@ def test_sum_max_float(shape, axis, tiny_device):
   check(t.max(axis), a.max(axis), dt=dtypes.float32, what="max")
 
 
-@pytest.mark.parametrize("shape,axis", [c for c in CASES if len(c[0]) <= 3], ids=[i for c, i in zip(CASES, CASE_IDS) if len(c[0]) <= 3])
+@pytest.mark.parametrize("shape,axis", [pytest.param(*c, id=i, marks=QUICK if c == ((2, 3, 4), 1) else ())
+                                        for c, i in zip(CASES, CASE_IDS) if len(c[0]) <= 3])
 def test_sum_max_min_int(shape, axis, tiny_device):
   a = data(shape, dtypes.int32, seed=2, low=-1000, high=1000)
   t = Tensor(a, device=tiny_device)
@@ -44,7 +46,7 @@ def test_sum_max_min_int(shape, axis, tiny_device):
   check(t.min(axis), a.min(axis), dt=dtypes.int32, what="int min")
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("shape", quick_cases(SHAPES, lambda s: s == (2, 3, 4), ids=str))
 def test_keepdim_and_mean(shape, tiny_device):
   a = data(shape, dtypes.float32, seed=3)
   t = Tensor(a, device=tiny_device)
@@ -54,7 +56,8 @@ def test_keepdim_and_mean(shape, tiny_device):
   check(t.mean(), a.mean(dtype=np.float64), atol=1e-5, rtol=1e-5, what="mean")
 
 
-@pytest.mark.parametrize("dt", [dtypes.uint8, dtypes.int8, dtypes.int64, dtypes.float16, dtypes.float64], ids=lambda d: d.name)
+@pytest.mark.parametrize("dt", quick_cases([dtypes.uint8, dtypes.int8, dtypes.int64, dtypes.float16, dtypes.float64],
+                                            lambda d: d in (dtypes.uint8, dtypes.float16), ids=lambda d: d.name))
 def test_sum_small_dtypes_do_not_overflow(dt, tiny_device, tiny_require_dtype):
   """sum accumulates in a wide type (like numpy's default), so 64 x 100 does not wrap in int8/uint8."""
   tiny_require_dtype(dt)
@@ -63,6 +66,7 @@ def test_sum_small_dtypes_do_not_overflow(dt, tiny_device, tiny_require_dtype):
   assert float(got) == float(a.astype(np.float64).sum()), f"sum of {dt}: {got} != {a.astype(np.float64).sum()}"
 
 
+@QUICK
 def test_bool_reduce(tiny_device):
   a = data((3, 5), dtypes.bool, seed=4)
   a[0] = True
@@ -73,6 +77,7 @@ def test_bool_reduce(tiny_device):
   check(t.sum(1), a.sum(1), what="count of true")
 
 
+@QUICK
 def test_reduce_zero_size(tiny_device):
   a = np.zeros((3, 0), dtype=np.float32)
   t = Tensor(a, device=tiny_device)
@@ -80,6 +85,7 @@ def test_reduce_zero_size(tiny_device):
   check(t.sum(0), a.sum(0), what="sum of an empty tensor")
 
 
+@QUICK
 def test_long_reduce(tiny_device):
   """A longer reduce where devices usually split work (grouped reduce, upcast, unrolling)."""
   a = data((4, 300), dtypes.float32, seed=5, low=0, high=1)
