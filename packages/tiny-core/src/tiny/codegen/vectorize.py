@@ -31,10 +31,31 @@ def _lane_dtype_ok(dt: Optional[DType]) -> bool:
 class _Packer:
   """Builds vector uops for tuples of scalar lanes; remembers which scalar lanes became which vector lane."""
 
-  def __init__(self) -> None:
+  def __init__(self, topo: Optional[Dict[UOp, int]] = None) -> None:
     self.memo: Dict[Tuple[UOp, ...], Tuple[UOp, bool]] = {}
     self.lane_of: Dict[UOp, Tuple[UOp, int]] = {}
     self.frozen: Set[UOp] = set()  # accumulators already vectorized along their reduce: not packed across outputs
+    self.topo: Dict[UOp, int] = topo if topo is not None else {}  # position in a sources-first order of the graph
+
+  def _independent(self, lanes: Tuple[UOp, ...]) -> bool:
+    """No lane is computed from another lane of the tuple. Lanes that are (a sum unrolled over a masked window can CSE
+    into lane1 = lane0 + x) cannot be one vector op: its operand would hold its own result, a cycle in the graph."""
+    members = set(lanes)
+    if len(members) < 2:
+      return True
+    # a source comes before its users in topo: nothing earlier than the earliest lane can lead to a lane
+    floor = min(self.topo.get(x, -1) for x in members)
+    seen: Set[UOp] = set()
+    stack = [s for x in members for s in x.src]
+    while stack:
+      u = stack.pop()
+      if u in seen or self.topo.get(u, floor) < floor:
+        continue
+      if u in members:
+        return False
+      seen.add(u)
+      stack.extend(u.src)
+    return True
 
   def pack(self, lanes: Tuple[UOp, ...]) -> Tuple[UOp, bool]:
     """(vector uop for lanes, whether it is a real vector value rather than a broadcast or a gather of scalars)."""
@@ -59,7 +80,7 @@ class _Packer:
     dt = first.dtype
     def alike(x: UOp) -> bool:  # a DEFINE_ACC's arg is each accumulator's own number
       return x.op is first.op and x.dtype == dt and (x.arg == first.arg or x.op is UOps.DEFINE_ACC) and len(x.src) == len(first.src)
-    if not _lane_dtype_ok(dt) or not all(alike(x) for x in lanes):
+    if not _lane_dtype_ok(dt) or not all(alike(x) for x in lanes) or not self._independent(lanes):
       return self._gather(lanes)
     assert dt is not None
     vdt = dt.vec(n)
@@ -142,13 +163,28 @@ def _vector_reduction(phi: UOp, packer: _Packer, simd: int, users: Dict[UOp, int
   return _reduce_tree(op, [vphi.gep(i) for i in range(width)])
 
 
+def _sources_first(sink: UOp) -> Dict[UOp, int]:
+  """Every uop under sink numbered so that each comes after all of its sources."""
+  pos: Dict[UOp, int] = {}
+  stack: List[Tuple[UOp, bool]] = [(sink, False)]
+  while stack:
+    u, expanded = stack.pop()
+    if u in pos:
+      continue
+    if expanded:
+      pos[u] = len(pos)
+      continue
+    stack.append((u, True))
+    stack.extend((s, False) for s in u.src if s not in pos)
+  return pos
+
+
 def vectorize_lanes(sink: UOp, opts: object) -> UOp:
   """Pack the scalar lanes under vector STOREs, and unrolled lanes feeding one accumulator, into vector ops when the
   renderer asks for it (`simd_bytes`)."""
   simd = int(getattr(opts, "simd_bytes", 0) or 0)
   if simd == 0:
     return sink
-  packer = _Packer()
   new_value: Dict[UOp, UOp] = {}
   order: List[UOp] = []
   seen = set()
@@ -160,6 +196,7 @@ def vectorize_lanes(sink: UOp, opts: object) -> UOp:
     seen.add(u)
     order.append(u)
     stack.extend(u.src)
+  packer = _Packer(_sources_first(sink))
   users: Dict[UOp, int] = {}
   for u in order:
     for s in u.src:

@@ -154,9 +154,11 @@ def get_kernel(renderer: Renderer, ast: LazyOp) -> Any:
   return Kernel(ast, opts=renderer).hand_coded_optimizations()
 
 
-# (device, renderer key, ast, beam level, device-kind-only) -> runner. The kind-only entry lets CUDA:1 reuse CUDA:0's
-# binary; the renderer key keeps CUDA:PTX (another renderer of the same kind) or another arch from reusing it.
-method_cache: Dict[Tuple[str, Tuple[Any, ...], LazyOp, int, bool], CompiledRunner] = {}
+# (device, renderer key, ast, beam level, NOOPT, device-kind-only) -> runner. The kind-only entry lets CUDA:1 reuse CUDA:0's
+# binary; the renderer key keeps CUDA:PTX (another renderer of the same kind) or another arch from reusing it. NOOPT is
+# part of the key because it picks other opts: without it a kernel first built under NOOPT=1 was reused, unoptimized,
+# after NOOPT=0 (and the reverse), so tests comparing the two settings in one process ran one of them twice.
+method_cache: Dict[Tuple[str, Tuple[Any, ...], LazyOp, int, int, bool], CompiledRunner] = {}
 _method_cache_plugins: Tuple[int, int] = (-1, -1)
 
 
@@ -169,10 +171,10 @@ def get_runner(dname: str, ast: LazyOp) -> CompiledRunner:
     _method_cache_plugins = gen
   renderer = _device(dname).renderer
   rkey = renderer.cache_key()
-  ckey = (dname, rkey, ast, BEAM.value, False)
+  ckey = (dname, rkey, ast, BEAM.value, NOOPT.value, False)
   if (cret := method_cache.get(ckey)) is not None:
     return cret
-  bkey = (dname.split(":")[0], rkey, ast, BEAM.value, True)
+  bkey = (dname.split(":")[0], rkey, ast, BEAM.value, NOOPT.value, True)
   if (bret := method_cache.get(bkey)) is not None:
     ret = CompiledRunner(replace(bret.p, dname=dname), bret.lib)
   else:

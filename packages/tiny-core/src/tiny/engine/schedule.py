@@ -224,6 +224,24 @@ def _recursive_group(tr: LazyBuffer, st: ShapeTracker, r: LazyBuffer, children: 
     _recursive_group(tr_next, st + st_childs[0].st, r, children, realizes, reduce_for_op, group)
 
 
+def _reads_itself(group: Set[LazyBuffer], r: LazyBuffer, realizes: Dict[LazyBuffer, None]) -> bool:
+  """Some member of the multi-output group reads a buffer of another kernel that reads a member: one kernel cannot
+  store them all, the schedule would have a cycle (v = exp(x.sum()); g = v * f(sqrt(v)) with sqrt(v) an output)."""
+  todo = [(x.base, False) for p in group for x in p.srcs]
+  seen: Set[Tuple[LazyBuffer, bool]] = set()
+  while todo:
+    b, crossed = todo.pop()
+    if b.realized is not None or b is r or (b, crossed) in seen:
+      continue
+    seen.add((b, crossed))
+    if crossed and b in group:
+      return True
+    # another reduce counts as another kernel too: it may be realized later in this loop
+    crossed = crossed or (b in realizes and b not in group) or b.op in ReduceOps
+    todo.extend((x.base, crossed) for x in b.srcs)
+  return False
+
+
 def _pair_reduces(allbufs: Dict[LazyBuffer, None], realizes: Dict[LazyBuffer, None], children: DefaultDict[LazyBuffer, Dict[LazyBuffer, None]],
                   assign_targets: Dict[LazyBuffer, LazyBuffer]) -> Dict[LazyBuffer, LazyBuffer]:
   """Give every reduce a kernel: fuse it into its realized descendants when that is clean, else realize it."""
@@ -253,6 +271,7 @@ def _pair_reduces(allbufs: Dict[LazyBuffer, None], realizes: Dict[LazyBuffer, No
           realized_descendants.add(c)
         kids.extend(x for x in children[c] if x.realized is None and x.device == r.device)
       group.update(realized_descendants)
+      forced = forced or _reads_itself(group, r, realizes)
     if not forced and any(x.op is MetaOps.ASSIGN for x in group):
       # an assign may join only if its kernel reads no other buffer that is assigned in this schedule
       todo = deque((r, *group))
