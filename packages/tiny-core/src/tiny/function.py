@@ -178,6 +178,14 @@ class Xor(Function):
     return x.e(BinaryOps.XOR, y)
 
 
+class Mod(Function):
+  """C remainder of integers (sign of the dividend), total: x % 0 == 0 and MIN % -1 == 0."""
+  differentiable = False
+
+  def forward(self, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer:
+    return x.e(BinaryOps.MOD, y)
+
+
 class BitwiseAnd(Function):
   differentiable = False
 

@@ -190,20 +190,23 @@ def _hook_overflow(dv: Any, fxn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _idiv(x: Any, y: Any) -> Any:
-  # C semantics: truncate toward zero
-  if y == 0:
-    return x * math.inf if x != 0 else math.nan
+  # C semantics (truncate toward zero), made total for integers the way numpy is: x // 0 == 0, and MIN // -1 wraps
+  # to MIN through the dtype's truncation. Compiled kernels match this through guard_int_division in the codegen.
   if isinstance(x, float) or isinstance(y, float):
+    if y == 0:
+      return x * math.inf if x != 0 else math.nan
     return math.trunc(x / y)
+  if y == 0:
+    return 0
   return abs(x) // abs(y) * (-1 if (x < 0) != (y < 0) else 1)
 
 
 def _mod(x: Any, y: Any) -> Any:
-  # C semantics: the sign of the result follows the dividend
-  if y == 0:
-    return math.nan
+  # C semantics (the sign of the result follows the dividend), with x % 0 == 0 for integers as numpy has it
   if isinstance(x, float) or isinstance(y, float):
-    return math.fmod(x, y)
+    return math.fmod(x, y) if y != 0 else math.nan
+  if y == 0:
+    return 0
   return abs(x) % abs(y) * (-1 if x < 0 else 1)
 
 

@@ -1857,27 +1857,34 @@ class Tensor:
     return F.Div.apply(numerator, denominator)
 
   def idiv(self, x: Union[Tensor, ConstType], reverse: bool = False) -> Tensor:
-    """Integer division rounding toward zero (C semantics)."""
+    """Integer division rounding toward zero (C semantics); x.idiv(0) == 0 and MIN.idiv(-1) wraps to MIN."""
     a, b = self._broadcasted(x, reverse)
     if not (dtypes.is_int(a.dtype) or a.dtype == dtypes.bool):
       raise TypeError(f"idiv needs integer tensors, got {a.dtype}")
     return F.Div.apply(a, b)
 
   def floordiv(self, x: Union[Tensor, ConstType], reverse: bool = False) -> Tensor:
-    """Division rounding toward -inf (Python's //)."""
+    """Division rounding toward -inf (Python's //). Integers follow numpy where Python raises: x // 0 == 0, and
+    MIN // -1 wraps to MIN."""
     a, b = self._broadcasted(x, reverse)
     if dtypes.is_float(a.dtype):
       return a.div(b).floor()
     if dtypes.is_unsigned(a.dtype) or a.dtype == dtypes.bool:
       return F.Div.apply(a, b)
     q = F.Div.apply(a, b)
-    # truncation rounded up where the signs differ and the division was inexact
-    return ((q * b != a) & ((a < 0) != (b < 0))).where(q - 1, q)
+    # truncation rounded up where the division was inexact with operands of opposite signs; the C remainder tells
+    # both (and is 0 for a zero divisor, so x // 0 stays 0), without the overflowing q*b of MIN // -1
+    return _floor_fix(F.Mod.apply(a, b), b).where(q - 1, q)
 
   def mod(self, x: Union[Tensor, ConstType], reverse: bool = False) -> Tensor:
-    """Remainder with the sign of the divisor (Python's %, torch.remainder)."""
+    """Remainder with the sign of the divisor (Python's %, torch.remainder). Integers follow numpy: x % 0 == 0."""
     a, b = self._broadcasted(x, reverse)
-    return a - a.floordiv(b) * b
+    if not dtypes.is_int(a.dtype):
+      return a - a.floordiv(b) * b
+    r = F.Mod.apply(a, b)
+    if dtypes.is_unsigned(a.dtype):
+      return r
+    return _floor_fix(r, b).where(r + b, r)
 
   def xor(self, x: Union[Tensor, ConstType], reverse: bool = False) -> Tensor:
     """Bitwise xor (ints and bools)."""
@@ -2222,6 +2229,11 @@ def _np_dtype_or_raise(dtype: DType) -> Any:
   if (npdt := to_np_dtype(dtype)) is None:
     raise TypeError(f"{dtype} has no numpy equivalent")
   return npdt
+
+
+def _floor_fix(rem: Tensor, divisor: Tensor) -> Tensor:
+  """Where a truncating division must step down to floor: a nonzero C remainder whose sign differs from the divisor's."""
+  return (rem != 0) & ((rem < 0) != (divisor < 0))
 
 
 def _wrap_int(v: int, dtype: DType) -> int:

@@ -254,6 +254,11 @@ def _dt_range(dt: Optional[DType]) -> Tuple[Any, Any]:
   return -math.inf, math.inf
 
 
+def _trunc_div(x: int, d: int) -> int:
+  """x / d rounded toward zero (C), for d > 0."""
+  return x // d if x >= 0 else -(-x // d)
+
+
 def _min_max(u: UOp) -> Tuple[Any, Any]:
   full = _dt_range(u.dtype)
   if u.dtype is not None and u.dtype.count > 1:
@@ -293,7 +298,8 @@ def _min_max(u: UOp) -> Tuple[Any, Any]:
       ret = (a.vmin, a.vmax)
   elif u.arg is BinaryOps.IDIV and (b := u.src[1]).op is UOps.CONST and isinstance(b.arg, int) and b.arg > 0 and not math.isinf(a.vmin) \
       and not math.isinf(a.vmax):
-    ret = (int(a.vmin / b.arg), int(a.vmax / b.arg))
+    # exact integer truncation: int(a / b) rounds through a float and is wrong past 2**53
+    ret = (_trunc_div(int(a.vmin), b.arg), _trunc_div(int(a.vmax), b.arg))
   elif u.arg is BinaryOps.CMPLT:
     b = u.src[1]
     ret = (True, True) if a.vmax < b.vmin else (False, False) if a.vmin >= b.vmax else (False, True)
