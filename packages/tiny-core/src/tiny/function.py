@@ -7,7 +7,7 @@ Everything here is written with the small set of LazyBuffer ops (elementwise, re
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple, cast
+from typing import Optional, Tuple, Union, cast
 
 from tiny.dtype import DType, dtypes, sum_acc_dtype
 from tiny.helpers import argsort
@@ -27,6 +27,51 @@ def _div(x: LazyBuffer, y: LazyBuffer) -> LazyBuffer:
 
 def _sub(x: LazyBuffer, y: LazyBuffer) -> LazyBuffer:
   return x.e(BinaryOps.ADD, y.e(UnaryOps.NEG))
+
+
+# exp(x) as EXP2(x*log2(e)) loses |x*log2(e)| * 2^-24 of relative accuracy to the rounding of the product (60+ ulp near
+# the ends of the float32 range), so _exp reduces the argument itself. Per dtype: the int of the same size, mantissa bits,
+# exponent bias, the clamp range (past it the result is 0 or inf anyway), ln2 = LN2_HI + LN2_LO with LN2_HI short enough
+# that n*LN2_HI is exact for every n the clamp allows, and the Taylor degree that makes e^r exact to ~0.1 ulp on |r| <= ln2/2.
+_EXP_PARAMS = {
+  dtypes.float32: (dtypes.int32, 23, 127, -104.0, 89.0, 0.693145751953125, 1.428606765330187e-06, 7),
+  dtypes.float64: (dtypes.int64, 52, 1023, -746.0, 710.0, 0.6931471805598903, 5.497923018708371e-14, 13),
+}
+
+
+def _exp(x: LazyBuffer) -> LazyBuffer:
+  """e**x to ~1 ulp over the whole range, from + * and bit ops only (no EXP2, so every device gives the same result).
+
+  x = n*ln2 + r with n = round(x*log2(e)) and |r| <= ln2/2 computed exactly enough with the two-part ln2 (Cody-Waite);
+  e**r by its Taylor polynomial; 2**n applied as two exponent-field scalings 2**floor(n/2) * 2**ceil(n/2), both normal,
+  so that subnormal results round once and overflow gives inf. NaN propagates through the arithmetic; -inf and inf are
+  clamped to values that give 0 and inf. float16/bfloat16 are computed in float32. Kept to few ops (MULACC): every op
+  here is repeated per upcast lane, and codegen time grows with the op count."""
+  if x.dtype not in _EXP_PARAMS:
+    return _exp(x.cast(dtypes.float32)).cast(x.dtype)
+  it, mant, bias, lo, hi, ln2_hi, ln2_lo, degree = _EXP_PARAMS[x.dtype]
+
+  def fma(a: LazyBuffer, b: float, c: Union[float, LazyBuffer]) -> LazyBuffer:
+    return a.e(TernaryOps.MULACC, a.const(b), c if isinstance(c, LazyBuffer) else a.const(c))
+
+  # clamps written as compare+where so that NaN falls through both (MAX drops NaN on some GPUs)
+  xc = x.e(BinaryOps.CMPLT, x.const(lo)).e(TernaryOps.WHERE, x.const(lo), x)
+  xc = xc.const(hi).e(BinaryOps.CMPLT, xc).e(TernaryOps.WHERE, xc.const(hi), xc)
+  # adding 1.5*2^mant rounds to an integer n, which then sits in the low mantissa bits of the sum
+  magic = 1.5 * 2.0 ** mant
+  k = fma(xc, _LOG2_E, magic)
+  nf = k.e(BinaryOps.ADD, k.const(-magic))
+  r = fma(nf, -ln2_lo, fma(nf, -ln2_hi, xc))
+  p = fma(r, 1 / math.factorial(degree), 1 / math.factorial(degree - 1))
+  for i in range(degree - 2, -1, -1):
+    p = p.e(TernaryOps.MULACC, r, r.const(1 / math.factorial(i)))
+  # bits(k) = bits(magic) + n; the biased exponents of the two scalings are floor((n + 2*bias)/2) and ceil((n + 2*bias)/2)
+  kb = k.cast(it, bitcast=True, allow_buffer_view=False)
+  magic_bits = ((bias + mant) << mant) + (1 << (mant - 1))
+  for rnd in (0, 1):
+    e = kb.e(BinaryOps.ADD, kb.const(2 * bias + rnd - magic_bits)).e(BinaryOps.SHR, kb.const(1))
+    p = p.e(BinaryOps.MUL, e.e(BinaryOps.SHL, e.const(mant)).cast(x.dtype, bitcast=True, allow_buffer_view=False))
+  return p
 
 
 class Contiguous(Function):
@@ -112,11 +157,20 @@ class Log(Function):
 
 class Exp(Function):
   def forward(self, x: LazyBuffer) -> LazyBuffer:
-    self.ret = x.e(BinaryOps.MUL, x.const(_LOG2_E)).e(UnaryOps.EXP2)
+    self.ret = _exp(x)
     return self.ret
 
   def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
     return self.ret.e(BinaryOps.MUL, grad_output)
+
+
+class Exp2(Function):
+  def forward(self, x: LazyBuffer) -> LazyBuffer:
+    self.ret = x.e(UnaryOps.EXP2)
+    return self.ret
+
+  def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+    return self.ret.e(BinaryOps.MUL, self.ret.const(_LN_2)).e(BinaryOps.MUL, grad_output)
 
 
 class Sqrt(Function):
@@ -130,8 +184,7 @@ class Sqrt(Function):
 
 class Sigmoid(Function):
   def forward(self, x: LazyBuffer) -> LazyBuffer:
-    # 1 / (1 + 2^(-x*log2(e)))
-    self.ret = x.const(1).e(BinaryOps.ADD, x.e(BinaryOps.MUL, x.const(-_LOG2_E)).e(UnaryOps.EXP2)).e(UnaryOps.RECIP)
+    self.ret = x.const(1).e(BinaryOps.ADD, _exp(x.e(UnaryOps.NEG))).e(UnaryOps.RECIP)
     return self.ret
 
   def backward(self, grad_output: LazyBuffer) -> LazyBuffer:

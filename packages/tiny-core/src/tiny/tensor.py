@@ -1581,7 +1581,7 @@ class Tensor:
 
   def exp2(self) -> Tensor:
     """2 ** self."""
-    return F.Exp.apply(self.cast(least_upper_float(self.dtype)) * math.log(2))
+    return F.Exp2.apply(self.cast(least_upper_float(self.dtype)))
 
   def relu(self) -> Tensor:
     """max(self, 0)."""
@@ -1597,7 +1597,8 @@ class Tensor:
 
   def rsqrt(self) -> Tensor:
     """1 / sqrt(self)."""
-    return self.reciprocal().sqrt()
+    # not sqrt(1/x): 1/x overflows to inf for subnormal x, whose rsqrt is finite
+    return self.sqrt().reciprocal()
 
   def sin(self) -> Tensor:
     """Sine."""

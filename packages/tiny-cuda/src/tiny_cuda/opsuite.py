@@ -28,7 +28,7 @@ def _cases() -> List[SuiteCase]:
   v = Variable("n", 1, 64)
   return [
     ("add", lambda: x + y), ("mul_sub_div", lambda: (x * y - 2.0) / (y + 3.0)), ("neg_abs_max", lambda: (-x).abs().maximum(y)),
-    ("exp_log", lambda: x.exp() + y.log()), ("sin_sqrt", lambda: x.sin() * y.sqrt()), ("sigmoid_tanh", lambda: x.sigmoid() + y.tanh()),
+    ("exp_log", lambda: x.exp() + x.exp2() + y.log()), ("sin_sqrt", lambda: x.sin() * y.sqrt()), ("sigmoid_tanh", lambda: x.sigmoid() + y.tanh()),
     ("gelu_relu", lambda: x.gelu() + y.relu()), ("where_cmp", lambda: (x < y).where(x, y) + (x == 1.0).where(1.0, 0.0)),
     ("float4_vec", lambda: t(64, 64) * 2.0 + t(64, 64)),
     ("reduce_sum", lambda: t(64, 96).sum(axis=1)), ("reduce_max", lambda: t(96, 64).max(axis=0)), ("reduce_all", lambda: t(1024).sum()),
@@ -41,11 +41,11 @@ def _cases() -> List[SuiteCase]:
     ("int_ops", lambda: (t(64, dtype=dtypes.int32) // 3) * 7 + t(64, dtype=dtypes.int32) % 5),
     ("bitwise", lambda: (t(64, dtype=dtypes.int32) ^ t(64, dtype=dtypes.int32)) & 0xFF | 3),
     ("int64_uint8", lambda: t(64, dtype=dtypes.int64) * 3 + t(64, dtype=dtypes.uint8).cast(dtypes.int64)),
-    ("float64", lambda: (t(32, dtype=dtypes.float64) * 1.5).exp()),
+    ("float64", lambda: (t(32, dtype=dtypes.float64) * 1.5).exp() + t(32, dtype=dtypes.float64).exp2()),
     ("rand", lambda: Tensor.rand(37, device="PYTHON")),
     ("half_ew", lambda: (t(64, dtype=dtypes.half) * 2 + t(64, dtype=dtypes.half)).relu().sqrt()),
     ("half_reduce", lambda: t(32, 64, dtype=dtypes.half).sum(axis=1, acc_dtype=dtypes.float32)),
-    ("bf16_ew", lambda: (t(64, dtype=dtypes.bfloat16) * 2 + t(64, dtype=dtypes.bfloat16)).exp()),
+    ("bf16_ew", lambda: (t(64, dtype=dtypes.bfloat16) * 2 + t(64, dtype=dtypes.bfloat16)).exp() + t(64, dtype=dtypes.bfloat16).exp2()),
     ("casts", lambda: t(64).cast(dtypes.half).cast(dtypes.int8).cast(dtypes.bfloat16).cast(dtypes.float32) +
      t(64, dtype=dtypes.bool).cast(dtypes.float32)),
     ("bitcast", lambda: t(64).bitcast(dtypes.int32) + 1),
