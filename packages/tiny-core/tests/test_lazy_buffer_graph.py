@@ -63,8 +63,12 @@ def test_identities():
   assert a.e(BinaryOps.ADD, a.const(0)) is a
   assert a.const(0).e(BinaryOps.ADD, a) is a
   assert a.e(BinaryOps.MUL, a.const(1)) is a
+  # float x*0 stays a multiply (inf*0 and NaN*0 are NaN, -2*0 is -0.0); int x*0 folds to the constant 0
   z = a.e(BinaryOps.MUL, a.const(0))
-  assert z.is_unrealized_const() and z.base.arg == 0
+  assert z.base.op is BinaryOps.MUL and not z.is_unrealized_const()
+  ai = realized(np.arange(6, dtype=np.int32).reshape(2, 3))
+  zi = ai.e(BinaryOps.MUL, ai.const(0))
+  assert zi.is_unrealized_const() and zi.base.arg == 0
   n = a.e(BinaryOps.MUL, a.const(-1))
   assert n.base.op is UnaryOps.NEG and n.base.srcs[0] is a
   assert n.e(UnaryOps.NEG) is a

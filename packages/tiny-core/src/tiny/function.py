@@ -143,7 +143,8 @@ class Relu(Function):
     return self.ret
 
   def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
-    return self.ret.const(0).e(BinaryOps.CMPLT, self.ret).cast(grad_output.dtype).e(BinaryOps.MUL, grad_output)
+    # ret != 0 rather than ret > 0: a NaN input passes its gradient on, as torch's relu does
+    return self.ret.e(BinaryOps.CMPNE, self.ret.const(0)).cast(grad_output.dtype).e(BinaryOps.MUL, grad_output)
 
 
 class Log(Function):
@@ -193,9 +194,10 @@ class Sigmoid(Function):
 
 class Sign(Function):
   def forward(self, x: LazyBuffer) -> LazyBuffer:
+    # NaN is neither below nor above 0 and gets 0, as in torch; so does -0.0 (the constant is +0)
     zero = x.const(0)
-    is_neg = x.e(BinaryOps.CMPLT, zero).e(TernaryOps.WHERE, x.const(-1), x.const(1))
-    return x.e(BinaryOps.CMPNE, zero).e(TernaryOps.WHERE, is_neg, zero)
+    is_pos = zero.e(BinaryOps.CMPLT, x).e(TernaryOps.WHERE, x.const(1), zero)
+    return x.e(BinaryOps.CMPLT, zero).e(TernaryOps.WHERE, x.const(-1), is_pos)
 
   def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
     # sign is flat almost everywhere (and we define the derivative at 0 as 0 too)
@@ -330,7 +332,12 @@ class Max(Function):
 
   def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
     # the gradient is shared equally between every element that reached the max
-    is_max = self.x.e(BinaryOps.CMPNE, self.ret.expand(self.x.shape)).e(BinaryOps.CMPNE, self.x.const(True).cast(dtypes.bool))
+    ne = self.x.e(BinaryOps.CMPNE, self.ret.expand(self.x.shape))
+    if dtypes.is_float(self.x.dtype):
+      # a NaN max equals nothing: the NaNs share the gradient then (as in torch), not 0/0 everywhere
+      is_max = ne.e(BinaryOps.CMPNE, self.x.e(BinaryOps.CMPNE, self.x).e(BinaryOps.CMPNE, self.x.const(True).cast(dtypes.bool)))
+    else:
+      is_max = ne.e(BinaryOps.CMPNE, self.x.const(True).cast(dtypes.bool))
     is_max = is_max.cast(grad_output.dtype)
     count = is_max.r(ReduceOps.SUM, self.axis).expand(self.x.shape)
     return _div(is_max, count).e(BinaryOps.MUL, grad_output.expand(self.x.shape))

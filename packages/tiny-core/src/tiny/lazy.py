@@ -45,7 +45,9 @@ def create_lazybuffer(device: str, st: ShapeTracker, dtype: DType, op: Optional[
     op, arg, srcs, base = MetaOps.CONST, 0, (), None
   if op is MetaOps.CONST and not isinstance(arg, Variable):
     arg = dtypes.as_const(arg, dtype)
-  cache_key = (device, st, dtype, op, arg, tuple(ref(x) for x in srcs)) if base is None else (st, ref(base))
+  # a float arg by repr: -0.0 == 0.0, but a constant -0.0 must not come back as 0.0
+  key_arg = ("f", repr(arg)) if isinstance(arg, float) else arg
+  cache_key = (device, st, dtype, op, key_arg, tuple(ref(x) for x in srcs)) if base is None else (st, ref(base))
   if enable_cache and (hit := lazycache.get(cache_key)) is not None:
     return hit
   ret = LazyBuffer(device, st, dtype, op, arg, srcs, base=base, metadata=_METADATA.get())
@@ -240,7 +242,8 @@ class LazyBuffer:
           return a
         if op is BinaryOps.MUL and val == 1:
           return a
-        if op is BinaryOps.MUL and val == 0:
+        # float x*0 is NaN for x inf/NaN (and -0 for negative x): only ints and bools fold to 0
+        if op is BinaryOps.MUL and val == 0 and not dtypes.is_float(out_dtype):
           return a.const(0)
         if op is BinaryOps.MUL and val == -1:
           return a.e(UnaryOps.NEG)

@@ -78,13 +78,23 @@ class MemBuffer:
   st: ShapeTracker
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ConstBuffer:
   """A constant (or a bound symbolic Variable) broadcast through a ShapeTracker."""
 
   val: Union[ConstType, Variable]
   dtype: DType
   st: ShapeTracker
+
+  def _key(self) -> Tuple[Any, ...]:
+    # floats by repr: -0.0 == 0.0 would let x*-0.0 reuse the kernel compiled for x*0.0, and NaN != NaN would never hit
+    return (("f", repr(self.val)) if isinstance(self.val, float) else self.val, self.dtype, self.st)
+
+  def __eq__(self, x: object) -> bool:
+    return isinstance(x, ConstBuffer) and self._key() == x._key()
+
+  def __hash__(self) -> int:
+    return hash(self._key())
 
 
 @dataclass(frozen=True)

@@ -1185,6 +1185,9 @@ class Tensor:
     if self.shape[axis] == 0:
       raise TensorError(f"argmax of an empty dimension (shape {self.shape}, axis {axis})")
     m = self == self.max(axis=axis, keepdim=True)
+    if dtypes.is_float(self.dtype):
+      # the max is NaN when any element is, and NaN equals nothing: the first NaN is the answer then, as in torch
+      m = m | self.isnan()
     n = cast(int, self.shape[axis])
     idx = m * Tensor.arange(n, 0, -1, device=self.device, requires_grad=False).reshape((n,) + (1,) * (self.ndim - axis - 1))
     return (n - idx.max(axis=axis, keepdim=keepdim)).cast(dtypes.int32)
@@ -1629,15 +1632,23 @@ class Tensor:
     x = self.cast(least_upper_float(self.dtype))
     return (x / (1 + x * x).sqrt()).asin()
 
+  def _trunc_parts(self) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    # (x, s, ax, fits, i): fits marks the nonzero x that can have a fraction (floats this big are whole, inf/NaN must
+    # not go through an int cast, and zeros are their own result); there s = sign(x), ax = |x| and i = int(|x|).
+    # Callers rebuild the result as s * float(...): an int has no -0, and torch gives trunc(-0.5) == -0.0
+    limit = 2.0 ** {2: 10, 4: 23, 8: 52}[self.dtype.itemsize] if self.dtype != dtypes.bfloat16 else 2.0 ** 7
+    x = self.detach()
+    s = x.sign()
+    ax = x * s
+    fits = (ax < limit) & (x != 0)
+    return x, s, ax, fits, fits.where(ax, 0).cast(dtypes.int64 if self.dtype == dtypes.float64 else dtypes.int32)
+
   def trunc(self) -> Tensor:
     """Round toward zero."""
     if not dtypes.is_float(self.dtype):
       return self
-    # floats this big are already whole (and inf/nan must not go through an int cast)
-    limit = 2.0 ** {2: 10, 4: 23, 8: 52}[self.dtype.itemsize] if self.dtype != dtypes.bfloat16 else 2.0 ** 7
-    x = self.detach()
-    done = (x.abs() >= limit) | (x != x)
-    return done.where(x, done.where(0, x).cast(dtypes.int64 if self.dtype == dtypes.float64 else dtypes.int32).cast(self.dtype))
+    x, s, _, fits, i = self._trunc_parts()
+    return fits.where(s * i.cast(self.dtype), x)
 
   def ceil(self) -> Tensor:
     """Round up."""
@@ -1655,10 +1666,11 @@ class Tensor:
     """Round half to even (like numpy and torch)."""
     if not dtypes.is_float(self.dtype):
       return self
-    f = (self + 0.5).floor()
-    is_half = (f - self) == 0.5
-    f_odd = (f - (f * 0.5).floor() * 2) != 0
-    return (is_half & f_odd).where(f - 1, f)
+    # from the truncation and the exact fraction left over: no x + 0.5 that rounds (0.49999997 + 0.5 == 1.0 in float32)
+    x, s, ax, fits, i = self._trunc_parts()
+    frac = ax - i.cast(self.dtype)
+    away = (frac > 0.5) | ((frac == 0.5) & ((i & 1) != 0))
+    return fits.where(s * (i + away.cast(i.dtype)).cast(self.dtype), x)
 
   def isinf(self, detect_positive: bool = True, detect_negative: bool = True) -> Tensor:
     """True where self is +inf (detect_positive) or -inf (detect_negative)."""
@@ -1697,7 +1709,9 @@ class Tensor:
     """Absolute value."""
     if dtypes.is_unsigned(self.dtype) or self.dtype == dtypes.bool:
       return self
-    return self * self.sign()
+    # x * s with s = -1, 1, or x itself for the zeros: 0*0 is +0.0 for -0.0 too (x * sign(x) and selects keep -0.0),
+    # and the gradient at 0 is 0. A product on top, not a select, keeps the CPU kernel vectorized
+    return self * (self < 0).where(-1, (self != 0).where(1, self))
 
   def reciprocal(self) -> Tensor:
     """1 / self."""
@@ -1735,7 +1749,15 @@ class Tensor:
 
   def tanh(self) -> Tensor:
     """Hyperbolic tangent."""
-    return 2.0 * ((2.0 * self).sigmoid()) - 1.0
+    x = self.cast(least_upper_float(self.dtype))
+    # below this |x|, tanh(x) rounds to x (x^3/3 is under half an ulp): returning x there keeps -0.0 and the relative
+    # accuracy that 2*sigmoid(2x)-1 loses to cancellation near 0
+    small = 2.0 ** -({dtypes.float16: 6, dtypes.bfloat16: 4, dtypes.float64: 27}.get(x.dtype, 12))
+    near0 = (x * x < small * small).detach()
+    far = 2.0 * ((2.0 * x).sigmoid()) - 1.0
+    # near0 ? x : far, as arithmetic: a select on top would keep the CPU kernel from being vectorized. Near 0 the far
+    # term is -(far * +0) = -0.0, which leaves x unchanged, -0.0 included (+0.0 would turn -0.0 into +0.0)
+    return near0.where(x, 0) - far * near0.where(0.0, -1.0)
 
   def sinh(self) -> Tensor:
     """Hyperbolic sine."""
@@ -1927,7 +1949,8 @@ class Tensor:
       if x < 0 and dtypes.is_float(self.dtype):
         return self.reciprocal().pow(-x)
       if x == 0:
-        return self * 0 + 1
+        # through sign, which is finite everywhere: x ** 0 is 1 for inf and NaN too (self * 0 would be NaN there)
+        return self.sign() * 0 + 1
       if x == 1:
         return self
       if x == 0.5 and dtypes.is_float(self.dtype):
@@ -1954,7 +1977,8 @@ class Tensor:
     """Elementwise max (the gradient is split evenly on ties)."""
     a, b = self._broadcasted(x)
     if dtypes.is_float(a.dtype):
-      return (a < b).detach().where(b, (a == b).detach().where((a * 0.5 + b * 0.5).cast(a.dtype), a))
+      # a NaN on either side wins (torch.maximum): a NaN a falls through both compares, a NaN b needs its own
+      return ((a < b) | b.isnan()).detach().where(b, (a == b).detach().where((a * 0.5 + b * 0.5).cast(a.dtype), a))
     return (a < b).where(b, a)
 
   def minimum(self, x: Union[Tensor, ConstType]) -> Tensor:

@@ -103,7 +103,9 @@ class LARS(Optimizer):
       if self.tcoef != 0:
         w_norm, g_norm = t.detach().square().sum().sqrt(), g.square().sum().sqrt()
         r = (w_norm > 0).where((g_norm > 0).where(self.tcoef * w_norm / (g_norm + self.wd * w_norm), 1.0), 1.0)
-      g = g + self.wd * t.detach()
+      if self.wd:
+        # skipped, not multiplied by 0: that costs work and turns an inf weight into a NaN step (torch skips it too)
+        g = g + self.wd * t.detach()
       if self.classic:
         g = self._times_lr(g * r)
       if self.momentum:
@@ -149,7 +151,9 @@ class LAMB(Optimizer):
       self.v[i].assign(self.b2 * self.v[i] + (1.0 - self.b2) * (g * g))
       m_hat = (self.m[i] / (1.0 - self.b1_t)).reshape(t.shape)
       v_hat = (self.v[i] / (1.0 - self.b2_t)).reshape(t.shape)
-      up = m_hat / (v_hat.sqrt() + self.eps) + self.wd * t.detach()
+      up = m_hat / (v_hat.sqrt() + self.eps)
+      if self.wd:
+        up = up + self.wd * t.detach()
       r: Union[Tensor, float] = 1.0
       if not self.adam:
         w_norm, u_norm = t.detach().square().sum().sqrt(), up.square().sum().sqrt()

@@ -269,6 +269,9 @@ def _loop_collapse(red: UOp) -> Optional[UOp]:
       hi = functools.reduce(lambda a, b: a.min(b), bounds[1], r.src[1])
       cnt = (hi - lo).max(0)
       new_val = val.src[1] * cnt.cast(red.dtype)
+      if not (_is_int(red) or (val.src[1].op is UOps.CONST and math.isfinite(val.src[1].arg))):
+        # an empty box sums to 0, but inf/NaN * 0 is NaN
+        new_val = cnt.lt(1).where(red.const_like(0), new_val)
       rest = [x for x in ranges if x is not r]
       return UOp(UOps.REDUCE, red.dtype, (new_val, *rest), red.arg) if rest else new_val
   return None
