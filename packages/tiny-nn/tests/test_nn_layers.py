@@ -186,6 +186,27 @@ def test_embedding():
     emb(Tensor([0.5]))
 
 
+def test_embedding_out_of_range():
+  from tiny.helpers import Context
+  emb, ref = tiny_nn.Embedding(4, 3), torch.nn.Embedding(4, 3)
+  _copy_params(emb, ref)
+  w = ref.weight.detach().numpy()
+  idx = np.array([[0, 4], [-1, 3]], dtype=np.int32)
+  for bad in (4, -1):
+    with pytest.raises(IndexError):
+      ref(torch.tensor([bad]))
+  # default: not checked (a device sync), an out-of-range index gives a zero row
+  valid = (idx >= 0) & (idx < 4)
+  np.testing.assert_array_equal(emb(Tensor(idx)).numpy(), np.where(valid[..., None], w[np.where(valid, idx, 0)], 0))
+  with Context(CHECK_INDEX=1):
+    with pytest.raises(IndexError, match=r"index 4 at position \(0, 1\) is out of bounds for Embedding with vocab_size=4 \(valid range \[0, 3\]\)"):
+      emb(Tensor(idx))
+    with pytest.raises(IndexError, match="index -1 at position 0"):
+      emb(Tensor([-1, 0]))
+    ok = np.array([[3, 0], [1, 3]], dtype=np.int32)
+    np.testing.assert_allclose(emb(Tensor(ok)).numpy(), ref(torch.tensor(ok, dtype=torch.long)).detach().numpy())
+
+
 def test_dropout():
   x = Tensor.ones(1000)
   np.testing.assert_array_equal(tiny_nn.dropout(x, 0.5).numpy(), np.ones(1000))  # identity outside training

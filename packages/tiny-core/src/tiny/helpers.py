@@ -237,6 +237,9 @@ WINO, THREEFRY, CAPTURING = ContextVar("WINO", 0), ContextVar("THREEFRY", 0), Co
 GRAPH, MULTIOUTPUT, TRANSCENDENTAL = ContextVar("GRAPH", 0), ContextVar("MULTIOUTPUT", 1), ContextVar("TRANSCENDENTAL", 1)
 USE_TC, TC_OPT, SPLIT_REDUCEOP = ContextVar("TC", 1), ContextVar("TC_OPT", 0), ContextVar("SPLIT_REDUCEOP", 1)
 THREADS = ContextVar("THREADS", 0)
+# CHECK_INDEX=1: realize integer Tensor indices (indexing, gather, one_hot, Embedding) and raise IndexError on the host
+# for out-of-range values; off by default because it costs a device sync per indexing op
+CHECK_INDEX = ContextVar("CHECK_INDEX", 0)
 
 
 @dataclass(frozen=True)

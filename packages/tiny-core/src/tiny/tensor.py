@@ -19,7 +19,7 @@ from typing import Any, Callable, ClassVar, Dict, Iterator, List, Optional, Sequ
 import numpy as np
 
 from tiny.dtype import ConstType, DType, ImageDType, dtypes, least_upper_dtype, least_upper_float, sum_acc_dtype, to_np_dtype
-from tiny.helpers import (_METADATA, DEBUG, ContextVar, Metadata, all_int, argfix, argsort, dedup, flatten, fully_flatten, get_shape,
+from tiny.helpers import (_METADATA, CHECK_INDEX, DEBUG, ContextVar, Metadata, all_int, argfix, argsort, dedup, flatten, fully_flatten, get_shape,
                           make_pair, prod, round_up)
 from tiny.lazy import LazyBuffer
 from tiny.ops import MetaOps
@@ -811,15 +811,24 @@ class Tensor:
   # ***** indexing *****
 
   def _normalize_indices(self, indices: Any) -> List[Any]:
-    """Indices as a list of None | int | slice | Tensor covering every dim (Ellipsis expanded)."""
+    """Indices as a list of None | int | slice | Tensor covering every dim (Ellipsis expanded).
+
+    Integer lists/tuples/ranges/arrays are bounds-checked here against their axis (IndexError), since their values are
+    on the host already; Tensor indices only under CHECK_INDEX=1 (see check_index_tensor)."""
     if not isinstance(indices, tuple):
       indices = (indices,)
     items: List[Any] = []
+    hosts: List[Optional[np.ndarray]] = []   # host values of the list/array indices, parallel to items
     for i in indices:
+      host: Optional[np.ndarray] = None
+      if isinstance(i, (range, tuple)):  # a tuple inside the index tuple is a sequence index, as in numpy and torch
+        i = list(i)
       if isinstance(i, (list, np.ndarray)):
+        src = i
         i = Tensor(np.asarray(i) if isinstance(i, list) and len(i) == 0 else i, device=self.device, requires_grad=False)
         if i.numel() == 0 and not dtypes.is_int(i.dtype):
           i = i.cast(dtypes.int32)
+        host = np.asarray(src)
       elif isinstance(i, (np.integer,)):
         i = int(i)
       if isinstance(i, Tensor):
@@ -831,6 +840,7 @@ class Tensor:
       elif i is not None and i is not Ellipsis and not isinstance(i, (int, slice)) or isinstance(i, bool):
         raise IndexError(f"unsupported index {i!r} of type {type(i).__name__}")
       items.append(i)
+      hosts.append(host if host is not None and host.dtype.kind in "iu" else None)
     if sum(1 for i in items if i is Ellipsis) > 1:
       raise IndexError("an index can only have a single ellipsis ('...')")
     num_real = sum(1 for i in items if i is not None and i is not Ellipsis)
@@ -838,9 +848,20 @@ class Tensor:
       raise IndexError(f"too many indices for tensor of dimension {self.ndim}: got {num_real}")
     fill = [slice(None)] * (self.ndim - num_real)
     if (ell := next((k for k, i in enumerate(items) if i is Ellipsis), None)) is not None:
-      items[ell:ell + 1] = fill
+      items[ell:ell + 1], hosts[ell:ell + 1] = fill, [None] * len(fill)
     else:
-      items += fill
+      items, hosts = items + fill, hosts + [None] * len(fill)
+    # the gather kernel masks out-of-range indices to 0, so a bad index must be caught here to raise like torch
+    dim = 0
+    for it, host in zip(items, hosts):
+      if it is None:
+        continue
+      if isinstance(it, Tensor) and isinstance(size := self.shape[dim], int):
+        if host is not None:
+          _raise_if_out_of_range(host, size, f"axis {dim} with size {size}", allow_negative=True)
+        else:
+          check_index_tensor(it, size, f"axis {dim} with size {size}")
+      dim += 1
     return items
 
   def _getitem(self, indices: Any, v: Optional[Tensor] = None) -> Any:
@@ -974,10 +995,17 @@ class Tensor:
     return self, scattered, written
 
   def __getitem__(self, indices: Any) -> Tensor:
-    """numpy-style indexing: ints, slices (any step), None, Ellipsis and integer tensors/lists."""
+    """numpy-style indexing: ints, slices (any step), None, Ellipsis and integer tensors/lists/tuples/ranges/arrays.
+
+    Negative indices count from the end (-size..size-1 are valid). An out-of-range int, list, tuple, range or numpy
+    index raises IndexError, as in torch. Integer Tensor indices are not checked by default (that would need a device
+    sync): an out-of-range one reads 0. Set CHECK_INDEX=1 (or `with Context(CHECK_INDEX=1)`) to read them back and
+    raise IndexError; that check is skipped while a TinyJit captures."""
     return self._getitem(indices)
 
   def __setitem__(self, indices: Any, v: Union[Tensor, ConstType]) -> None:
+    """self[indices] = v, in place; indices as in __getitem__, with the same IndexError for out-of-range host indices.
+    An out-of-range integer Tensor index writes nothing unless CHECK_INDEX=1, which raises IndexError."""
     if self.device.startswith("DISK"):
       self._getitem(indices).assign(v)
       return
@@ -991,7 +1019,11 @@ class Tensor:
     self.assign(mask.where(val, self).cast(self.dtype)).realize()
 
   def gather(self, dim: int, index: Tensor) -> Tensor:
-    """out[i][j][k] = self[index[i][j][k]][j][k] for dim=0 (and so on), like torch.gather."""
+    """out[i][j][k] = self[index[i][j][k]][j][k] for dim=0 (and so on), like torch.gather.
+
+    Valid index values are 0..self.shape[dim]-1 (torch's rule: no negative indices). They are not checked by default
+    (that would need a device sync): an out-of-range one gives 0. With CHECK_INDEX=1 they are read back and an
+    out-of-range one raises IndexError (torch raises RuntimeError); the check is skipped while a TinyJit captures."""
     if index.ndim != self.ndim:
       raise ShapeError(f"gather needs index.ndim == self.ndim, got {index.ndim} and {self.ndim}")
     dim = self._resolve_dim(dim)
@@ -1001,6 +1033,7 @@ class Tensor:
       raise TypeError(f"gather index must be an integer tensor, got {index.dtype}")
     index = index.to(self.device)
     n = self.shape[dim]
+    check_index_tensor(index, n, f"gather along axis {dim} with size {n}", allow_negative=False)
     xs = self.shrink(tuple((0, i) if d != dim else None for d, i in enumerate(index.shape)))
     # xs.unsqueeze(dim) puts the gathered dim at dim+1: move it to the end, the mask compares against it there
     x = xs.unsqueeze(dim).permute(*[d for d in range(self.ndim + 1) if d != dim + 1], dim + 1)
@@ -1468,11 +1501,16 @@ class Tensor:
     return mask.where(self, 0) * (1 / (1.0 - p))
 
   def one_hot(self, num_classes: int = -1) -> Tensor:
-    """A new last dim of size num_classes with 1 at the index held in self (num_classes=-1 uses max+1)."""
+    """A new last dim of size num_classes with 1 at the index held in self (num_classes=-1 uses max+1).
+
+    Valid class values are 0..num_classes-1. They are not checked by default (that would need a device sync): an
+    out-of-range one gives an all-zero row. With CHECK_INDEX=1 they are read back and an out-of-range one raises
+    IndexError (torch raises RuntimeError); the check is skipped while a TinyJit captures."""
     if not dtypes.is_int(self.dtype):
       raise TypeError(f"one_hot needs an integer tensor, got {self.dtype}")
     if num_classes == -1:
       num_classes = int(self.max().item()) + 1 if self.numel() else 0
+    check_index_tensor(self, num_classes, f"one_hot with num_classes={num_classes}", allow_negative=False)
     return (self[..., None] == Tensor.arange(num_classes, requires_grad=False, device=self.device)).where(1, 0)
 
   def scaled_dot_product_attention(self, key: Tensor, value: Tensor, attn_mask: Optional[Tensor] = None, dropout_p: float = 0.0,
@@ -2295,6 +2333,33 @@ def _undo_movement(t: Tensor, op: str, arg: Any, in_shape: Tuple[sint, ...]) -> 
   if op == "pad":
     return t.shrink(tuple((b, b + s) for (b, _), s in zip(arg, in_shape)))
   raise AssertionError(f"can't undo {op}")
+
+
+def _raise_if_out_of_range(values: np.ndarray, size: int, where: str, allow_negative: bool) -> None:
+  """Raise IndexError naming the first of values (and its position) that is not a valid index of an axis of length size."""
+  low = -size if allow_negative else 0
+  bad = (values < low) | (values >= size)
+  if not bad.any():
+    return
+  pos = tuple(int(p) for p in np.argwhere(bad)[0]) if values.ndim else ()
+  at = f" at position {pos[0] if len(pos) == 1 else pos}" if pos else ""
+  valid = f"valid range [{low}, {size - 1}]" if size > 0 else "no index is valid"
+  raise IndexError(f"index {int(values[pos])}{at} is out of bounds for {where} ({valid})")
+
+
+def check_index_tensor(index: Tensor, size: sint, where: str, allow_negative: bool = True) -> None:
+  """Under CHECK_INDEX=1, realize the integer Tensor `index` and raise IndexError for a value outside an axis of length size.
+
+  `where` names the axis in the message ("axis 0 with size 5"); with allow_negative, -size..size-1 are valid (Python
+  rules), else 0..size-1. Does nothing by default: reading the values back costs a device sync, and the kernels give 0
+  for an out-of-range index instead. Also does nothing while a TinyJit captures: its replays run no Python, so a check
+  there would only cover the captured call (the jit's first, eager call is checked)."""
+  if not CHECK_INDEX or not isinstance(size, int) or index.numel() == 0:
+    return
+  from tiny.engine.realize import capturing
+  if len(capturing):
+    return
+  _raise_if_out_of_range(index.numpy(), size, where, allow_negative)
 
 
 # *********** metadata: every Tensor method records its name on the LazyBuffers it creates ***********

@@ -11,7 +11,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, Union, cast
 
 from tiny.dtype import dtypes
 from tiny.helpers import make_pair, prod
-from tiny.tensor import Tensor
+from tiny.tensor import Tensor, check_index_tensor
 
 __all__ = ["BatchNorm", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "Conv1d", "Conv2d", "ConvTranspose1d", "ConvTranspose2d",
            "Dropout", "Embedding", "GroupNorm", "InstanceNorm", "LayerNorm", "LayerNorm2d", "Linear", "RMSNorm", "Sequential", "dropout"]
@@ -237,6 +237,10 @@ class Embedding:
 
   The lookup is written as a one-hot comparison against an arange, so it fuses into a single reduce kernel and
   is differentiable with respect to `weight` without any gather op.
+
+  Valid indices are 0..vocab_size-1 (torch's rule: no negative indices). They are not checked by default (that would
+  need a device sync): an out-of-range index gives a row of zeros. With CHECK_INDEX=1 (or `with Context(CHECK_INDEX=1)`)
+  they are read back and an out-of-range one raises IndexError, as in torch; the check is skipped while a TinyJit captures.
   """
 
   def __init__(self, vocab_size: int, embed_size: int):
@@ -248,6 +252,7 @@ class Embedding:
       raise TypeError(f"Embedding indices must be integers, got {idx.dtype}")
     if idx.numel() == 0:
       return Tensor.empty(*idx.shape, self.embed_sz, device=self.weight.device)
+    check_index_tensor(idx, self.vocab_sz, f"Embedding with vocab_size={self.vocab_sz}", allow_negative=False)
     big = tuple(idx.shape) + (self.vocab_sz, self.embed_sz)
     arange = Tensor.arange(self.vocab_sz, requires_grad=False, device=self.weight.device).reshape(self.vocab_sz, 1)
     hit = idx.reshape(*idx.shape, 1, 1).expand(big) == arange.expand(big)
