@@ -1,5 +1,5 @@
 """Developer and CI entry points. Every session installs what it needs into its own virtualenv, so on a fresh
-machine `python -m pip install nox && python -m nox -s tests` (or `-s demo`) is all the set-up there is.
+machine `python -m pip install nox && python -m nox -s lint typecheck tests` (or `-s demo`) is all the set-up there is.
 
 Sessions: tests (everything), core / clang / nn / cuda / amd / metal (one package), lint, typecheck, fuzz, demo, bench.
 """
