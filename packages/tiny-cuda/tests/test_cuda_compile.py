@@ -146,3 +146,35 @@ def test_cuda_arch_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None
   assert NVRTCCompiler().arch == "sm_89" and PTXCompiler().arch == "sm_89" and CUDARenderer().arch == "sm_89"
   monkeypatch.delenv("CUDA_ARCH")
   assert NVRTCCompiler().arch == "sm_80"
+
+
+def test_max_keeps_nan_from_either_side(tmp_path) -> None:
+  # the float MAX expression CUDA C renders is plain C: run it on the host with clang and hold it against tiny's rule
+  import ctypes
+  import math
+  import shutil
+  import subprocess
+  from tiny.ops import BinaryOps, python_alu
+  from tiny_cuda.renderer import _max
+  cc = shutil.which("clang") or shutil.which("cc")
+  if cc is None:
+    pytest.skip("no C compiler (clang or cc) to run the rendered expression on the host")
+  (tmp_path / "m.c").write_text(f"float m(float a, float b) {{ return {_max('a', 'b', dtypes.float32)}; }}\n")
+  subprocess.run([cc, "-O2", "-shared", "-fPIC", str(tmp_path / "m.c"), "-o", str(tmp_path / "m.so")], check=True)
+  m = ctypes.CDLL(str(tmp_path / "m.so")).m
+  m.restype, m.argtypes = ctypes.c_float, [ctypes.c_float, ctypes.c_float]
+  nan = float("nan")
+  for a, b in [(1.0, 2.0), (2.0, 1.0), (nan, 1.0), (1.0, nan), (nan, nan), (-0.0, 0.0), (-math.inf, nan)]:
+    want, got = python_alu[BinaryOps.MAX](a, b), m(a, b)
+    assert (math.isnan(want) and math.isnan(got)) or got == want, (a, b, got, want)
+
+
+def test_ptx_max_tests_for_nan() -> None:
+  # PTX max.f32 drops NaNs; the renderer must select with an explicit NaN test (and the result must still assemble)
+  from tiny import Tensor
+  from tiny.engine.realize import get_kernel
+  from tiny.engine.schedule import create_schedule
+  x = Tensor([1.0, float("nan"), 3.0], device="PYTHON")
+  src = get_kernel(PTXRenderer("sm_80"), create_schedule([x.max().lazydata])[-1].ast).to_program().src
+  assert "setp.nan.f32" in src and "max.f32" not in src
+  assert cubin_arch(PTXCompiler("sm_80").compile(src)) == 80

@@ -251,6 +251,12 @@ class _PTXWriter:
       self.emit(f"div.{t} {d}, {a[0]}, {a[1]};")
     elif op is BinaryOps.MOD:
       self.emit(f"rem.{t} {d}, {a[0]}, {a[1]};")
+    elif op is BinaryOps.MAX and is_float:
+      # max.f32 returns the other operand for a NaN; tiny's MAX keeps a NaN from either side (tiny.ops.python_alu)
+      nan, keep = self.reg(dtypes.bool), self.reg(dtypes.bool)
+      self.emit(f"setp.nan.{t} {nan}, {a[0]}, {a[0]};")
+      self.emit(f"setp.ge.or.{t} {keep}, {a[0]}, {a[1]}, {nan};")
+      self.emit(f"selp.{ut} {d}, {a[0]}, {a[1]}, {keep};")
     elif op is BinaryOps.MAX:
       self.emit(f"max.{t} {d}, {a[0]}, {a[1]};")
     elif op in (BinaryOps.XOR, BinaryOps.AND, BinaryOps.OR):

@@ -42,10 +42,13 @@ def _f16_fn(name: str, default: str) -> Callable[..., str]:
 
 
 def _max(a: str, b: str, dtype: DType) -> str:
+  # NaN from either side wins, as tiny.ops.python_alu has it; max()/fmaxf and __hmax would return the other operand
   if _is_f16(dtype):
-    return f"__hmax({a},{b})"
+    return f"__hmax_nan({a},{b})"
   if _scalar(dtype) == dtypes.bool:
     return f"({a}||{b})"
+  if dtypes.is_float(_scalar(dtype)):
+    return f"((({a}>={b})||({a}!={a}))?{a}:{b})"
   return f"max({a},{b})"
 
 
