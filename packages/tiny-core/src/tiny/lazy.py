@@ -80,10 +80,37 @@ class LazyBuffer:
       self._buffer.ref(1)
       self.contiguous_child: Optional[Tuple[ReferenceType[LazyBuffer], ShapeTracker]] = None
       self.forced_realize = False
+      # the ops reading this base (weakly), so an assign can tell which lazy results were made from the old contents
+      self._readers: List[ReferenceType[LazyBuffer]] = []
+      self._sweep_at = 32
+      self.stale_readers: Tuple[ReferenceType[LazyBuffer], ...] = ()
+      me = ref(self)
+      for s in srcs:
+        s.base._add_reader(me)
     else:
       if base.base is not base:
         raise RuntimeError("the base of a view must be a base")
       self._base = base
+
+  def _add_reader(self, r: ReferenceType[LazyBuffer]) -> None:
+    rs = self._readers
+    rs.append(r)
+    # a weight read by every step would collect dead refs for ever: drop them once the list is twice what lived at the
+    # last sweep (amortized O(1) per reader)
+    if len(rs) >= self._sweep_at:
+      rs[:] = [x for x in rs if x() is not None]
+      self._sweep_at = max(32, 2 * len(rs))
+
+  def pending_stale_readers(self) -> List[LazyBuffer]:
+    """For an ASSIGN: the lazy results made from the target's old contents before the assign, not yet scheduled.
+
+    They must run before the assign overwrites the buffer (as they would have in eager code), whichever is realized first."""
+    out = []
+    for r in self.stale_readers:
+      x = r()
+      if x is not None and x.realized is None and getattr(x, "srcs", None) is not None:
+        out.append(x)
+    return out
 
   def __del__(self) -> None:
     if hasattr(self, "_buffer"):
@@ -152,7 +179,10 @@ class LazyBuffer:
     """Write x into this (realized) buffer; the result aliases it."""
     if x.size != self.size:
       raise ValueError(f"assign needs equal sizes, target has {self.size} elements and value {x.size}")
-    return LazyBuffer.metaop(MetaOps.ASSIGN, self.shape, self.dtype, self.device, arg=() if self.st.contiguous else (self.st,), src=(x, self.base))
+    ret = LazyBuffer.metaop(MetaOps.ASSIGN, self.shape, self.dtype, self.device, arg=() if self.st.contiguous else (self.st,), src=(x, self.base))
+    # what reads the old contents now: x's own graph is scheduled with the assign anyway, the rest is checked at schedule time
+    ret.stale_readers = tuple(r for r in self.base._readers if (y := r()) is not None and y is not ret)
+    return ret
 
   def can_view(self) -> bool:
     return bool(self.st.consecutive) and not self.is_unrealized_const() and self.device.split(":")[0] in view_supported_devices

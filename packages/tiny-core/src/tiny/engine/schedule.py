@@ -318,6 +318,14 @@ def _graph_schedule(outs: Sequence[LazyBuffer], seen: Set[LazyBuffer]) -> _Graph
   assign_targets: Dict[LazyBuffer, LazyBuffer] = {}
   for out in outs:
     _recurse_lb(out.base, realizes, allbufs, simple_pads, children, assign_targets)
+  # lazy results made from a buffer's old contents before it was assigned (b = t * 2; t.assign(...)): torch computed them
+  # before the write, so they are realized here too, ordered before the assign, instead of later from the new contents
+  checked: Set[LazyBuffer] = set()
+  while todo := [a for a in assign_targets.values() if a not in checked]:
+    checked.update(todo)
+    for r in dedup(r for a in todo for r in a.pending_stale_readers() if r not in allbufs and r not in seen):
+      realizes[r] = None
+      _recurse_lb(r, realizes, allbufs, simple_pads, children, assign_targets)
 
   for p in simple_pads:
     if not _is_padding_okay(p, realizes):
