@@ -54,9 +54,10 @@ def _exp(x: LazyBuffer) -> LazyBuffer:
   def fma(a: LazyBuffer, b: float, c: Union[float, LazyBuffer]) -> LazyBuffer:
     return a.e(TernaryOps.MULACC, a.const(b), c if isinstance(c, LazyBuffer) else a.const(c))
 
-  # clamps written as compare+where so that NaN falls through both (MAX drops NaN on some GPUs)
-  xc = x.e(BinaryOps.CMPLT, x.const(lo)).e(TernaryOps.WHERE, x.const(lo), x)
-  xc = xc.const(hi).e(BinaryOps.CMPLT, xc).e(TernaryOps.WHERE, xc.const(hi), xc)
+  # clamps as MAX (tiny's MAX keeps a NaN from either side, so NaN passes through), min(x, hi) as -max(-x, -hi): unlike
+  # compare+where, these pack into vector ops on SIMD CPUs, which keeps the whole polynomial vectorized
+  xc = x.e(BinaryOps.MAX, x.const(lo))
+  xc = xc.e(UnaryOps.NEG).e(BinaryOps.MAX, xc.const(-hi)).e(UnaryOps.NEG)
   # adding 1.5*2^mant rounds to an integer n, which then sits in the low mantissa bits of the sum
   magic = 1.5 * 2.0 ** mant
   k = fma(xc, _LOG2_E, magic)
