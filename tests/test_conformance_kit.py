@@ -18,7 +18,7 @@ DEVICE_PLUGIN = '''
 import base64, pickle
 from tiny.plugins import DeviceSpec, hookimpl
 
-TINY_PLUGIN_API = "1.0"
+TINY_PLUGIN_API = "1.1"
 MISCOMPILE = {miscompile}
 
 def _renderer(device):

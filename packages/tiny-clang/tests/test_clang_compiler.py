@@ -106,7 +106,7 @@ def test_probes(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_plugin_declares_both_devices() -> None:
   specs = {s.name: s for s in plugin.tiny_devices()}
   assert set(specs) == {"CLANG", "LLVM"}
-  assert plugin.TINY_PLUGIN_API == "1.0"
+  assert plugin.TINY_PLUGIN_API == "1.1"
   assert specs["CLANG"].priority > specs["LLVM"].priority > 0
   assert specs["CLANG"].graph is not None and specs["LLVM"].graph is not None
 

@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 
 from tiny.dtype import dtypes
-from tiny.helpers import Context, prod
+from tiny.helpers import prod
 from tiny.tensor import Tensor
+
+from tiny_clang.settings import THREADS
 
 DEVICES = ["CLANG", "LLVM"]
 
@@ -40,9 +42,9 @@ def test_sum_and_max(dev: str, axis: Any) -> None:
 
 def test_big_sum_is_split_and_threaded(dev: str) -> None:
   a = rng.standard_normal(1 << 20).astype(np.float32)
-  with Context(THREADS=2):
+  with THREADS.override(2):
     two = Tensor(a, device=dev).sum().numpy()
-  with Context(THREADS=1):
+  with THREADS.override(1):
     one = Tensor(a, device=dev).sum().numpy()
   np.testing.assert_allclose(two, a.astype(np.float64).sum(), rtol=1e-4)
   assert two == one, "splitting loops across cores must not change the arithmetic"

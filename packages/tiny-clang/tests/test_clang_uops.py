@@ -11,10 +11,11 @@ from hypothesis import strategies as st
 
 from tiny.codegen.uops import UOp, UOps
 from tiny.dtype import DType, PtrDType, dtypes
-from tiny.helpers import Context
 from tiny.ops import BinaryOps, TernaryOps, UnaryOps
 from tiny.runtime.ops_python import PythonProgram, PythonRenderer
 from tiny.shape.symbolic import Variable
+
+from tiny_clang.settings import THREADS
 
 
 def glob(i: int, dt: DType, mutable: bool = False) -> UOp:
@@ -108,9 +109,9 @@ def test_threading_matches_single_core(backend: Any, threads: int, n: int) -> No
   prg, src = backend.build(saxpy_kernel(), "saxpy")
   assert prg.parallel == 1, src
   x, y = np.random.default_rng(n).random((2, 1001), dtype=np.float32)
-  with Context(THREADS=1):
+  with THREADS.override(1):
     one = backend.run([], np.zeros(1001, np.float32), [x, y], vals=[n], prg=prg)
-  with Context(THREADS=threads):
+  with THREADS.override(threads):
     assert prg.threads() == threads
     many = backend.run([], np.zeros(1001, np.float32), [x, y], vals=[n], prg=prg)
   np.testing.assert_array_equal(one, many)
@@ -123,7 +124,7 @@ def test_store_outside_loops_is_not_split(backend: Any) -> None:
   uops = lin(g0, store(g0, const(0), const(7)))
   prg, _ = backend.build(uops)
   assert prg.parallel == 0
-  with Context(THREADS=2):
+  with THREADS.override(2):
     np.testing.assert_array_equal(backend.run([], np.zeros(1, np.int32), [], prg=prg), [7])
 
 
@@ -368,7 +369,7 @@ def test_reduction_fuzz_threads(make_backend: Any, rows: int, cols: int, threads
       _fuzz_cache[(name, rows, cols)] = (be, be.build(reduce_kernel(rows, cols, unroll=4))[0])
     be, prg = _fuzz_cache[(name, rows, cols)]
     a = np.random.default_rng(rows * cols).standard_normal((rows, cols)).astype(np.float32)
-    with Context(THREADS=threads):
+    with THREADS.override(threads):
       res = be.run([], np.zeros(rows, np.float32), [a], prg=prg)
     np.testing.assert_allclose(res, a.sum(1), rtol=1e-5, atol=1e-5)
 

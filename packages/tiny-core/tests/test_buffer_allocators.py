@@ -157,6 +157,18 @@ def test_buffer_errors():
     b.allocate()
 
 
+def test_buffer_handle_is_the_allocators_object():
+  # Buffer.handle is the backend API's way to reach device memory (graph executors pass it to launch calls)
+  b = Buffer("PYTHON", 4, dtypes.float32)
+  with pytest.raises(RuntimeError, match="not allocated"):
+    _ = b.handle
+  marker = object()
+  assert Buffer("PYTHON", 4, dtypes.float32, opaque=marker).handle is marker
+  assert b.ensure_allocated().handle is b._buf
+  with pytest.raises(AttributeError):
+    b.handle = marker  # type: ignore[misc]  # read-only
+
+
 def test_buffer_refcount_is_on_base():
   base = Buffer("PYTHON", 4, dtypes.float32)
   v = base.view(2, dtypes.float32, 0)

@@ -6,8 +6,6 @@ import itertools
 from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
-
-from tiny.helpers import prod
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -265,53 +263,54 @@ def test_hand_coded_optimizations_symbolic_length(renderer) -> None:
     np.testing.assert_allclose(out.reshape(H, n), w @ a[:n].T, rtol=1e-4, atol=1e-4)
 
 
+# *** a device's own heuristic (Renderer.hand_coded_optimizations) ***
 
-def test_cpu_heuristic_upcasts_an_output_strip_for_matmul() -> None:
-  """Without local memory a matmul gets a wide upcast along the output axis that is contiguous in one input, and stays correct."""
+class _HookRenderer(_NoLocalRenderer):
+  """A third-party loop renderer with its own heuristic: records the kernels it is asked about and applies `opts` to them."""
+
+  def __init__(self, opts: Sequence[Opt], decide: bool = True) -> None:
+    self.my_opts, self.decide = list(opts), decide
+    self.seen: List[Kernel] = []
+
+  def hand_coded_optimizations(self, k: Kernel) -> bool:
+    self.seen.append(k)
+    k.apply_opts(self.my_opts)
+    return self.decide
+
+
+def test_device_heuristic_hook_chooses_the_opts() -> None:
+  """A renderer's hook is asked first; when it says it chose, its opts are the kernel's, core adds none, and the result runs."""
+  r = _HookRenderer([Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.UNROLL, 0, 3)])
+  k = Kernel(CASES["matmul"][0], opts=r).hand_coded_optimizations()
+  assert r.seen == [k] and k.applied_opts == r.my_opts, k.applied_opts
+  check_case("matmul", r.my_opts, renderer=r)
+
+
+def test_device_heuristic_hook_can_leave_the_kernel_to_core() -> None:
+  """A hook that declines (False) leaves core's heuristic to carry on from where the hook left the kernel."""
+  plain = Kernel(CASES["matmul"][0], opts=_NoLocalRenderer()).hand_coded_optimizations().applied_opts
+  assert Kernel(CASES["matmul"][0], opts=_HookRenderer([], decide=False)).hand_coded_optimizations().applied_opts == plain
+  k = Kernel(CASES["matmul"][0], opts=_HookRenderer([Opt(OptOps.UPCAST, 0, 2)], decide=False)).hand_coded_optimizations()
+  assert k.applied_opts[0] == Opt(OptOps.UPCAST, 0, 2) and len(k.applied_opts) > 1, k.applied_opts
+
+
+def test_core_heuristic_is_device_neutral() -> None:
+  """Without a hook, core's heuristic ignores the vector width and register count a renderer declares (those are for the
+  device's own heuristic): a loop renderer gets the same opts with or without them, for every case and a real matmul."""
   from tiny.engine.schedule import create_schedule
   from tiny.tensor import Tensor
-  an, bn = np.random.default_rng(0).standard_normal((16, 24), np.float32), np.random.default_rng(1).standard_normal((24, 64), np.float32)
-  a, b = Tensor(an, device="PYTHON").realize(), Tensor(bn, device="PYTHON").realize()
-  si = create_schedule([(a @ b).lazydata])[-1]
-  k = Kernel(si.ast, opts=_NoLocalRenderer()).hand_coded_optimizations()
-  assert k.upcasted > 0 and all(o.op is OptOps.UPCAST and o.axis == k.applied_opts[0].axis for o in k.applied_opts), k.applied_opts
-  assert prod(k.full_shape[k.shape_len - k.upcasted:]) == 64
-  inputs = [an if si.bufs[i].nbytes == an.nbytes else bn for i in (1, 2)]
-  np.testing.assert_allclose(run_kernel(k, inputs, (16, 64)).reshape(16, 64), an @ bn, rtol=1e-4, atol=1e-4)
 
-
-def test_cpu_heuristic_upcasts_output_rows_and_channels_for_padded_conv() -> None:
-  """A padded conv (the input's view is masked) gets the output-row strip plus an output-channel upcast, and stays correct."""
-  from tiny.engine.schedule import create_schedule
-  from tiny.tensor import Tensor
-  xn, wn = np.random.default_rng(2).standard_normal((2, 4, 8, 8), np.float32), np.random.default_rng(3).standard_normal((16, 4, 3, 3), np.float32)
-  x, w = Tensor(xn, device="PYTHON").realize(), Tensor(wn, device="PYTHON").realize()
-  si = create_schedule([x.conv2d(w, padding=1).lazydata])[-1]
-  k = Kernel(si.ast, opts=_NoLocalRenderer())
-  ox_axis, cout_axis = k.first_reduce - 1, k.full_shape.index(16)
-  k.hand_coded_optimizations()
-  assert k.applied_opts == [Opt(OptOps.UPCAST, ox_axis, 8), Opt(OptOps.UPCAST, cout_axis, 8)], k.applied_opts
-  xp = np.pad(xn, ((0, 0), (0, 0), (1, 1), (1, 1)))
-  ref = sum(np.einsum("bchw,oc->bohw", xp[:, :, ky:ky + 8, kx:kx + 8], wn[:, :, ky, kx]) for ky in range(3) for kx in range(3))
-  inputs = [xn if si.bufs[i].nbytes == xn.nbytes else wn for i in (1, 2)]
-  np.testing.assert_allclose(run_kernel(k, inputs, (2, 16, 8, 8)), ref, rtol=1e-4, atol=1e-4)
-
-
-@pytest.mark.parametrize("op", ["sum", "max"])
-def test_cpu_heuristic_leaves_a_long_contiguous_sum_as_one_accumulator(op: str) -> None:
-  """Without local memory a long stride-1 SUM keeps a plain one-accumulator loop (the C/LLVM compiler vectorizes it); MAX still unrolls."""
-  from tiny.engine.schedule import create_schedule
-  from tiny.tensor import Tensor
-  xn = np.random.default_rng(4).standard_normal((64, 512), np.float32)
-  si = create_schedule([getattr(Tensor(xn, device="PYTHON").realize(), op)(1).lazydata])[-1]
-  k = Kernel(si.ast, opts=_NoLocalRenderer()).hand_coded_optimizations()
-  if op == "sum":
-    assert k.applied_opts == [] and k.upcasted == 0, k.applied_opts
-  else:
-    assert any(o.op is OptOps.UNROLL for o in k.applied_opts), k.applied_opts
-  np.testing.assert_allclose(run_kernel(k, [xn], (64,)), getattr(xn, op)(1), rtol=1e-4, atol=1e-4)
-  # a GPU-style renderer (with locals) is not affected: it still unrolls or groups the sum
-  assert Kernel(si.ast, opts=PythonRenderer()).hand_coded_optimizations().applied_opts
+  class Wide(_NoLocalRenderer):
+    supports_float4 = True
+    simd_bytes, simd_registers = 64, 32
+  a, b = Tensor.empty(64, 48, device="PYTHON"), Tensor.empty(48, 64, device="PYTHON")
+  asts = [c[0] for c in CASES.values()] + [create_schedule([(a @ b).lazydata])[-1].ast]
+  for ast in asts:
+    assert Kernel(ast, opts=Wide()).hand_coded_optimizations().applied_opts == \
+      Kernel(ast, opts=_NoLocalRenderer()).hand_coded_optimizations().applied_opts
+  # the generic choice for a 64x64 matmul: upcast both output axes by 4, unroll the reduce by 4
+  mm = Kernel(asts[-1], opts=Wide()).hand_coded_optimizations()
+  assert mm.applied_opts == [Opt(OptOps.UPCAST, 1, 4), Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.UNROLL, 0, 4)], mm.applied_opts
 
 
 # *** re-vectorizing lanes (Renderer.simd_bytes) and the SWAP opt ***
@@ -380,35 +379,6 @@ def test_swap_rejects_anything_but_two_global_axes(opt: Opt) -> None:
   assert k.full_shape == (8, 4, 12) and not k.applied_opts
 
 
-def test_cpu_heuristic_register_tile_with_simd() -> None:
-  """With simd_bytes the matmul heuristic builds rows x 2 vectors of accumulators, puts column blocks outermost, stays correct."""
-  from tiny.engine.schedule import create_schedule
-  from tiny.tensor import Tensor
-  an, bn = np.random.default_rng(4).standard_normal((32, 24), np.float32), np.random.default_rng(5).standard_normal((24, 64), np.float32)
-  a, b = Tensor(an, device="PYTHON").realize(), Tensor(bn, device="PYTHON").realize()
-  si = create_schedule([(a @ b).lazydata])[-1]
-  k = Kernel(si.ast, opts=_SimdRenderer()).hand_coded_optimizations()
-  assert prod(k.full_shape[k.shape_len - k.upcasted:]) == 8 * 32, k.applied_opts
-  assert k.applied_opts[-1].op is OptOps.SWAP, k.applied_opts
-  inputs = [an if si.bufs[i].nbytes == an.nbytes else bn for i in (1, 2)]
-  out = run_kernel(k, inputs, (32, 64))
-  np.testing.assert_allclose(out.reshape(32, 64), an @ bn, rtol=1e-4, atol=1e-4)
-  assert _vector_alu_ops(k).count("DEFINE_ACC:") == 16
-
-
-@pytest.mark.parametrize("cols", [512, 48, 20])
-def test_cpu_heuristic_column_reduce_upcasts_the_contiguous_output_axis(cols: int) -> None:
-  """x.sum(0) with simd_bytes: the output axis that the input reads with stride 1 becomes a strip of vector accumulators."""
-  x = rng.random((24, cols), dtype=np.float32) - 0.5
-  s = ST.from_shape((24, cols))
-  ast = kernel(e(ReduceOps.SUM, ld(1, s), arg=(0,)), (1, cols))
-  k = Kernel(ast, opts=_SimdRenderer()).hand_coded_optimizations()
-  want = next(w for w in (256, 128, 64, 32, 16, 8, 4) if cols % w == 0)
-  assert prod(k.full_shape[k.shape_len - k.upcasted:]) == want, k.applied_opts
-  np.testing.assert_allclose(run_kernel(k, [x], (1, cols)), x.sum(0, keepdims=True), rtol=1e-4, atol=1e-4)
-  assert k.uops is not None and any(u.op.name == "DEFINE_ACC" and u.dtype is not None and u.dtype.count == 16 for u in k.uops.uops) == (want >= 16)
-
-
 @pytest.mark.parametrize("op", [ReduceOps.MAX, ReduceOps.SUM])
 def test_simd_unrolled_row_reduce_keeps_a_vector_accumulator(op: ReduceOps) -> None:
   """A row reduce unrolled by 16 accumulates 16 lanes in one vector and reduces them once after the loop; NaN and inf
@@ -423,14 +393,6 @@ def test_simd_unrolled_row_reduce_keeps_a_vector_accumulator(op: ReduceOps) -> N
   np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
   accs = [u for u in k.uops.uops if u.op.name == "DEFINE_ACC"]
   assert len(accs) == 1 and accs[0].dtype is not None and accs[0].dtype.count == 16
-
-
-def test_cpu_heuristic_unrolls_a_row_max_by_one_vector() -> None:
-  x = rng.random((8, 256), dtype=np.float32)
-  ast = kernel(e(ReduceOps.MAX, ld(1, ST.from_shape((8, 256))), arg=(1,)), (8, 1))
-  k = Kernel(ast, opts=_SimdRenderer()).hand_coded_optimizations()
-  assert Opt(OptOps.UNROLL, 0, 16) in k.applied_opts, k.applied_opts
-  np.testing.assert_allclose(run_kernel(k, [x], (8, 1)), x.max(1, keepdims=True))
 
 
 def test_simd_gated_lanes_fold_into_one_gated_vector_load() -> None:

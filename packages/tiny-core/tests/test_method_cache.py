@@ -28,7 +28,7 @@ class CountingRenderer(ops_python.PythonRenderer):
 
 def _plugin(log: List[str], main_arch: str = "a1") -> types.ModuleType:
   mod = types.ModuleType("p_cachekey")
-  setattr(mod, "TINY_PLUGIN_API", "1.0")
+  setattr(mod, "TINY_PLUGIN_API", "1.1")
 
   @hookimpl
   def tiny_devices() -> List[DeviceSpec]:

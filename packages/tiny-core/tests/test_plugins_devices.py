@@ -64,7 +64,7 @@ def test_disk_device_is_built_by_its_factory(tmp_path) -> None:
 def test_example_plugin_is_discovered() -> None:
   require_example()
   rec = next(r for r in plugins.plugin_records() if r.name == "example")
-  assert (rec.source, rec.distribution, rec.version, rec.api, rec.error) == ("entry-point", "tiny-example", "0.1.0", "1.0", None)
+  assert (rec.source, rec.distribution, rec.version, rec.api, rec.error) == ("entry-point", "tiny-example", "0.1.0", "1.1", None)
   assert rec.devices == ["EXAMPLE"] and rec.renderers == ["EXAMPLE:ALT"]
   assert Device.canonicalize("example:alt") == "EXAMPLE:ALT"
 

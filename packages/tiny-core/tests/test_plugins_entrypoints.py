@@ -83,8 +83,8 @@ def test_doctor_shows_both_errors(site: Path) -> None:
   assert "entry point broken = tiny_broken.plugin [tiny-broken 0.1.0]" in out
   assert "ERROR: import failed: RuntimeError: tiny-broken fails on import on purpose" in out
   assert "entry point wrongapi = tiny_wrongapi.plugin [tiny-wrongapi 0.1.0] API 2.0" in out
-  assert "built for tiny plugin API 2.0" in out and "provides plugin API 1.0" in out and "pip install --upgrade tiny-core" in out
-  assert "entry point example = tiny_example.plugin [tiny-example 0.1.0] API 1.0" in out
+  assert "built for tiny plugin API 2.0" in out and "provides plugin API 1.1" in out and "pip install --upgrade tiny-core" in out
+  assert "entry point example = tiny_example.plugin [tiny-example 0.1.0] API 1.1" in out
   assert "provides: EXAMPLE, renderer EXAMPLE:ALT" in out
   assert "default device:" in out
 
@@ -135,7 +135,7 @@ def test_strict_mode_is_fatal_on_first_use(site: Path) -> None:
 def test_two_plugins_claiming_one_device(tmp_path: Path) -> None:
   dupe = write_project(tmp_path / "src", "tiny-dupe", "dupe", "tiny_dupe.plugin", """
     from tiny.plugins import DeviceSpec, hookimpl
-    TINY_PLUGIN_API = "1.0"
+    TINY_PLUGIN_API = "1.1"
     def _f(device):
       raise AssertionError("never built")
     @hookimpl
@@ -157,7 +157,7 @@ def test_two_plugins_claiming_one_device(tmp_path: Path) -> None:
 def test_a_raising_hook_hides_no_other_plugin(tmp_path: Path) -> None:
   bad = write_project(tmp_path / "src", "tiny-badhook", "badhook", "tiny_badhook.plugin", """
     from tiny.plugins import hookimpl
-    TINY_PLUGIN_API = "1.0"
+    TINY_PLUGIN_API = "1.1"
     @hookimpl
     def tiny_devices():
       raise KeyError("hook bug")
@@ -187,7 +187,7 @@ def _site_with(tmp_path: Path, name: str, body: str) -> Path:
 _SPEC = """
     import sys, time
     from tiny.plugins import DeviceSpec, hookimpl
-    TINY_PLUGIN_API = "1.0"
+    TINY_PLUGIN_API = "1.1"
     def _f(device):
       raise AssertionError("never built")
 """

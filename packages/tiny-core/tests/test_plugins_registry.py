@@ -46,7 +46,7 @@ def dspec(name: str, priority: int = 1000, probe: Optional[str] = None, fail: Op
                     device_factory=factory if own_factory else None, **kw)
 
 
-def make_plugin(modname: str, *specs: DeviceSpec, renderers: List[RendererSpec] = [], api: Optional[str] = "1.0",
+def make_plugin(modname: str, *specs: DeviceSpec, renderers: List[RendererSpec] = [], api: Optional[str] = "1.1",
                 hook: Optional[Callable[[], Any]] = None) -> types.ModuleType:
   mod = types.ModuleType(modname)
   if api is not None:
@@ -218,6 +218,11 @@ def test_api_compatible(api: str, ok: bool) -> None:
 
 def test_api_compatible_older_minor() -> None:
   assert plugins.api_compatible("1.2", "1.3") and not plugins.api_compatible("1.4", "1.3")
+
+
+def test_plugins_written_for_api_1_0_still_load() -> None:
+  # 1.1 only added tiny.backend (additive), so a plugin that declares 1.0 keeps working
+  assert plugins.PLUGIN_API_VERSION == "1.1" and plugins.api_compatible("1.0") and not plugins.api_compatible("2.0")
 
 
 @pytest.mark.parametrize("api,fix", [("2.0", "pip install --upgrade tiny-core"), ("1.7", "pip install --upgrade tiny-core"),

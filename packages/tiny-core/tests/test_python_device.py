@@ -10,7 +10,8 @@ import pytest
 from tiny.codegen.uops import UOp, UOps
 from tiny.dtype import DType, PtrDType, dtypes
 from tiny.ops import BinaryOps
-from tiny.renderer import amd_tensor_cores, cuda_tensor_cores, metal_tensor_cores
+from tiny.renderer import RegisterLayout, TensorCore
+from tiny.runtime.emulated_tensor_cores import amd_tensor_cores, metal_tensor_cores
 from tiny.runtime.ops_python import PythonAllocator, PythonCompiler, PythonKernelError, PythonProgram, PythonRenderer
 
 
@@ -110,12 +111,25 @@ def test_emulation_choice(monkeypatch):
   assert PythonRenderer("METAL").tensor_cores[0].dims == (8, 8, 8)
   with pytest.raises(ValueError):
     PythonRenderer("TPU")
+  monkeypatch.setenv("EMULATE_METAL", "1")
+  with pytest.raises(ValueError, match="one device at a time"):
+    PythonRenderer()
+  monkeypatch.setenv("EMULATE_METAL", "0")
+  assert PythonRenderer().device == "AMD"
+
+
+def _cuda_tensor_cores() -> List[TensorCore]:
+  """CUDA's tensor cores, from the registry like the emulator gets them (tiny-cuda declares them)."""
+  try:
+    return PythonRenderer("CUDA").tensor_cores
+  except ValueError as e:
+    pytest.skip(f"tiny-cuda is not installed: {e}")
 
 
 def test_renderer_pickles():
   import pickle
-  r = pickle.loads(pickle.dumps(PythonRenderer("CUDA")))
-  assert r.device == "CUDA" and len(r.tensor_cores) == 2
+  r = pickle.loads(pickle.dumps(PythonRenderer("AMD")))
+  assert r.device == "AMD" and r.tensor_cores == amd_tensor_cores()
 
 
 # *** tensor cores ***
@@ -153,7 +167,7 @@ def _metal_simdgroup(lane: int, e: int, which: str) -> Tuple[int, int]:
 
 
 # (device, tensor cores, doc layout, (M, N, K), elements per lane for A, B, C)
-TC_CASES = [("CUDA", cuda_tensor_cores, _ptx_m16n8k16, (16, 8, 16), (8, 4, 4)),
+TC_CASES = [("CUDA", _cuda_tensor_cores, _ptx_m16n8k16, (16, 8, 16), (8, 4, 4)),
             ("AMD", amd_tensor_cores, _rdna3_wmma, (16, 16, 16), (16, 16, 8)),
             ("METAL", metal_tensor_cores, _metal_simdgroup, (8, 8, 8), (2, 2, 2))]
 
@@ -181,7 +195,7 @@ def _wmma_kernel(tc: Any, device: str, sizes: Tuple[int, int, int], lanes: int) 
     return vec
 
   a, b, c = gather(da, ia, na, tc.dtype_in), gather(db, ib, nb, tc.dtype_in), gather(dc, ic, nc, tc.dtype_out)
-  arg = (str(tc), tc.dims, tc.dtype_in, tc.dtype_out, device, tc.threads, (), ())
+  arg = (str(tc), tc.dims, tc.dtype_in, tc.dtype_out, device, tc.num_threads(), (), (), tc.layout)
   w = UOp(UOps.WMMA, tc.dtype_out.vec(nc), (a, b, c), arg)
   uops.append(w)
   for e in range(nc):
@@ -226,25 +240,51 @@ def test_wmma_matches_matmul(device, tcs, layout, mnk, sizes, warps):
     np.testing.assert_allclose(got.astype(np.float64), ref, rtol=tol, atol=tol)
 
 
-def test_wmma_layout_inferred_from_dims():
-  # a renderer that is not one of the three still gets the emulation its dims describe
-  tc = cuda_tensor_cores()[0]
-  uops = _wmma_kernel(tc, "PYTHON", (8, 4, 4), 32)
+@pytest.mark.parametrize("device,tcs,layout,mnk,sizes", TC_CASES, ids=[c[0] for c in TC_CASES])
+def test_layout_matches_the_documented_one(device, tcs, layout, mnk, sizes):
+  # the TensorCore's own layout data, evaluated on ints, is the vendor's documented fragment layout
+  for tc in tcs():
+    for which, lay, cnt in zip("abc", tc.register_layout(), sizes):
+      assert lay.count == cnt
+      assert [[lay.coords(lane, e) for e in range(cnt)] for lane in range(32)] == [[layout(lane, e, which) for e in range(cnt)] for lane in range(32)]
+
+
+def test_wmma_layout_comes_with_the_uop():
+  # the device name in the arg does not matter: the layout travels in the WMMA uop, from the TensorCore
+  tc = amd_tensor_cores()[0]
+  uops = _wmma_kernel(tc, "PYTHON", (16, 16, 8), 32)
   A = np.ones((16, 16), np.float16)
-  B = np.full((16, 8), 2, np.float16)
-  C = np.zeros((16, 8), np.float32)
+  B = np.full((16, 16), 2, np.float16)
+  C = np.zeros((16, 16), np.float32)
   tabs = []
-  for which, cnt, cols in (("a", 8, 16), ("b", 4, 8), ("c", 4, 8)):
+  for which, cnt, cols in (("a", 16, 16), ("b", 16, 16), ("c", 8, 16)):
     t = np.zeros((cnt, 32), np.int32)
     for lane in range(32):
       for e in range(cnt):
-        r, c = _ptx_m16n8k16(lane, e, which)
+        r, c = _rdna3_wmma(lane, e, which)
         t[e, lane] = r * cols + c
     tabs.append(t)
   alloc = PythonAllocator()
   bufs = [_buf(alloc, x) for x in (A, B, C, np.zeros_like(C), *tabs)]
   _program(uops)(*bufs, local_size=(32, 1, 1))
-  np.testing.assert_array_equal(_out(alloc, bufs[3], C), np.full((16, 8), 32, np.float32))
+  np.testing.assert_array_equal(_out(alloc, bufs[3], C), np.full((16, 16), 32, np.float32))
+  # a WMMA without a layout cannot be emulated, and says so
+  bare = TensorCore(tc.dims, tc.dtype_in, tc.dtype_out, tc.threads, tc.thread_local_sizes)
+  with pytest.raises(PythonKernelError, match="no register layout"):
+    _program(_wmma_kernel(bare, "PYTHON", (16, 16, 8), 32))(*bufs, local_size=(32, 1, 1))
+
+
+def test_register_layout_checks():
+  lay = RegisterLayout(2, rows=(("lane", 4, 0, 1), ("reg", 1, 2, 8)), cols=(("lane", 1, 4, 1),))
+  assert lay.coords(13, 1) == (3 + 8, 1)
+  with pytest.raises(ValueError):
+    RegisterLayout(2, rows=(("warp", 1, 0, 1),), cols=())
+  tc = amd_tensor_cores()[0]
+  with pytest.raises(ValueError, match="one RegisterLayout for each"):
+    TensorCore(tc.dims, tc.dtype_in, tc.dtype_out, tc.threads, tc.thread_local_sizes, layout=tc.layout[:2])
+  bare = TensorCore(tc.dims, tc.dtype_in, tc.dtype_out, tc.threads, tc.thread_local_sizes)
+  with pytest.raises(ValueError, match="no register layout"):
+    bare.register_layout()
 
 
 def test_wmma_needs_whole_warps():

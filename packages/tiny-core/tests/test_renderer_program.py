@@ -8,7 +8,8 @@ import pytest
 from tiny.codegen.uops import UOp, UOps
 from tiny.dtype import PtrDType, dtypes
 from tiny.ops import BinaryOps, UnaryOps
-from tiny.renderer import Program, Renderer, TensorCore, amd_tensor_cores, cuda_tensor_cores, metal_tensor_cores
+from tiny.renderer import Program, Renderer, TensorCore
+from tiny.runtime.emulated_tensor_cores import amd_tensor_cores, metal_tensor_cores
 from tiny.renderer.cstyle import CStyleLanguage, RenderError
 from tiny.shape.symbolic import Variable
 
@@ -55,22 +56,26 @@ def test_program_fused_index_drops_local_size():
 
 
 def test_tensor_cores():
-  cuda, amd, metal = cuda_tensor_cores(), amd_tensor_cores(), metal_tensor_cores()
-  assert [(t.dtype_in, t.dtype_out) for t in cuda] == [(dtypes.half, dtypes.float), (dtypes.bfloat16, dtypes.float)]
-  assert str(cuda[0]) == "WMMA_8_16_16_half_float"
-  # M*K, K*N and M*N elements are spread over the warp
-  for tc in cuda + amd + metal:
+  amd, metal = amd_tensor_cores(), metal_tensor_cores()
+  assert [(t.dtype_in, t.dtype_out) for t in amd] == [(dtypes.half, dtypes.float), (dtypes.half, dtypes.half)]
+  assert str(amd[0]) == "WMMA_16_16_16_half_float"
+  # M*K, K*N and M*N elements are spread over the warp (RDNA3 wave32 keeps A and B twice)
+  for tc in amd + metal:
     n, m, k = tc.dims
     a, b, c = tc.elements_per_thread()
     w = tc.num_threads()
     assert w == 32
     assert (a * w, b * w, c * w) == ((m * k, k * n, m * n) if tc not in amd else (2 * m * k, 2 * k * n, m * n))
-  assert cuda[0].num_upcasts() == 2 and amd[0].num_upcasts() == 0 and metal[0].num_upcasts() == 0
+    # the layout says where each of those elements is: every (row, col) of C exactly once
+    lc = tc.register_layout()[2]
+    assert sorted(lc.coords(lane, e) for lane in range(w) for e in range(lc.count)) == [(i, j) for i in range(m) for j in range(n)]
+  assert amd[0].num_upcasts() == 0 and metal[0].num_upcasts() == 0
   import tiny.renderer as r
-  assert r.CUDA_TENSOR_CORES == cuda and r.METAL_TENSOR_CORES == metal
-  with pytest.raises(AttributeError):
-    r.NOT_A_THING  # noqa: B018
-  assert isinstance(cuda[0], TensorCore)
+  # core declares no vendor's tensor cores: each device owns its own
+  for gone in ("CUDA_TENSOR_CORES", "cuda_tensor_cores", "amd_tensor_cores"):
+    with pytest.raises(AttributeError):
+      getattr(r, gone)
+  assert isinstance(amd[0], TensorCore)
 
 
 def test_renderer_base():

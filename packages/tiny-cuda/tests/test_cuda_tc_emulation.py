@@ -1,6 +1,6 @@
 """The tensor-core kernels the CUDA renderers emit, run on the PYTHON device emulating CUDA's mma.sync register layout.
 
-The CUDA and PTX renderers declare `tiny.renderer.cuda_tensor_cores()`, the same list the emulator uses, so the TC opt
+The CUDA and PTX renderers declare `tiny_cuda.renderer.cuda_tensor_cores()`, the list the emulator takes from them, so the TC opt
 makes the same kernel for all three; running it on PYTHON checks the tiling and the register layout against numpy.
 """
 from __future__ import annotations

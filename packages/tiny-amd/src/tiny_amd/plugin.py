@@ -7,9 +7,10 @@ import ctypes.util
 import os
 from typing import List, NoReturn, Optional
 
+from tiny.backend import DeviceCaps
 from tiny.plugins import DeviceSpec, hookimpl
 
-TINY_PLUGIN_API = "1.0"
+TINY_PLUGIN_API = "1.1"
 NOT_IMPLEMENTED = "tiny-amd runtime not implemented yet"
 
 
@@ -36,7 +37,12 @@ def _not_yet(device: str) -> NoReturn:
   raise NotImplementedError(f"{NOT_IMPLEMENTED} (asked for {device})")
 
 
+# discrete GPU memory: sub-buffers are offsets into an allocation, host reads take a copy
+AMD_CAPS = DeviceCaps(buffer_views=True, zero_copy=False)
+
+
 @hookimpl
 def tiny_devices() -> List[DeviceSpec]:
   """The AMD device."""
-  return [DeviceSpec(name="AMD", allocator=_not_yet, renderer=_not_yet, compiler=_not_yet, runtime=_not_yet, priority=70, probe=probe)]
+  return [DeviceSpec(name="AMD", allocator=_not_yet, renderer=_not_yet, compiler=_not_yet, runtime=_not_yet, priority=70, probe=probe,
+                     caps=AMD_CAPS)]

@@ -11,7 +11,7 @@ import subprocess
 import tempfile
 from typing import Any, List, Optional
 
-from tiny.device import CompileError, Compiler
+from tiny.backend import CompileError, Compiler
 
 # -ffp-contract=fast lets a*b+c become one FMA (more accurate, twice the matmul throughput); -fopenmp-simd turns on
 # the `#pragma omp simd reduction` the renderer puts on reduction loops (reassociation there and nowhere else)
@@ -32,7 +32,7 @@ def find_cc() -> Optional[str]:
 def _cc_version(cc: str) -> str:
   try:
     return subprocess.run(shlex.split(cc) + ["--version"], capture_output=True, text=True, timeout=30).stdout.splitlines()[0]
-  except Exception:
+  except (OSError, subprocess.SubprocessError, IndexError, ValueError):   # not runnable, hung, or printed nothing: the key says so
     return "unknown"
 
 

@@ -14,8 +14,7 @@ import ctypes
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from tiny.engine.jit import GraphRunner
-from tiny.engine.realize import CompiledRunner, ExecItem
+from tiny.backend import CompiledRunner, ExecItem, GraphRunner
 
 from tiny_clang.pool import NativePool, get_pool, num_threads
 from tiny_clang.runtime import CPUProgram, buf_address
@@ -37,7 +36,7 @@ class CPUGraph(GraphRunner):
       arr = (ctypes.c_int64 * max(1, len(ji.bufs) + len(p.vars)))()
       for i, b in enumerate(ji.bufs):
         if b is not None and (j, i) not in self.input_replace:
-          arr[i] = buf_address(b.ensure_allocated()._buf)
+          arr[i] = buf_address(b.ensure_allocated().handle)
       for k, v in enumerate(p.vars):
         self.var_slots.append((j, len(ji.bufs) + k, v))
         arr[len(ji.bufs) + k] = var_vals.get(v, 0)
@@ -52,7 +51,7 @@ class CPUGraph(GraphRunner):
 
   def __call__(self, rawbufs: List[Any], var_vals: Dict[Any, int], wait: bool = False) -> Optional[float]:
     for (j, i), idx in self.input_replace.items():
-      self.args[j][i] = buf_address(rawbufs[idx]._buf)
+      self.args[j][i] = buf_address(rawbufs[idx].handle)
     for j, slot, v in self.var_slots:
       self.args[j][slot] = var_vals[v]
     T = num_threads()

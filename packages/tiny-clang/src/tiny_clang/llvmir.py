@@ -12,13 +12,11 @@ import math
 import struct
 from typing import Any, Dict, List, Set, Tuple
 
-from tiny.codegen.uops import UOp, UOps
-from tiny.dtype import DType, PtrDType, dtypes
-from tiny.helpers import to_function_name
-from tiny.ops import BinaryOps, TernaryOps, UnaryOps
-from tiny.renderer import Renderer, lazy_gated_alternatives
+from tiny.backend import BinaryOps, DType, Kernel, PtrDType, Renderer, TernaryOps, UnaryOps, UOp, UOps, dtypes, lazy_gated_alternatives, \
+  to_function_name
 
-from tiny_clang.renderer import _loop_structure, _only_through, host_simd_bytes
+from tiny_clang.heuristics import cpu_hand_coded_optimizations
+from tiny_clang.renderer import _loop_structure, _only_through, host_simd_bytes, host_simd_registers
 
 _SCALAR = {dtypes.bool: "i1", dtypes.int8: "i8", dtypes.uint8: "i8", dtypes.int16: "i16", dtypes.uint16: "i16", dtypes.int32: "i32",
            dtypes.uint32: "i32", dtypes.int64: "i64", dtypes.uint64: "i64", dtypes.float16: "half", dtypes.bfloat16: "bfloat",
@@ -104,6 +102,11 @@ class LLVMRenderer(Renderer):
 
   def __init__(self) -> None:
     self.simd_bytes = host_simd_bytes()
+    self.simd_registers = host_simd_registers(self.simd_bytes)
+
+  def hand_coded_optimizations(self, k: Kernel) -> bool:
+    """The host CPU's tiling heuristic (tiny_clang.heuristics) instead of core's device-neutral one."""
+    return cpu_hand_coded_optimizations(k)
 
   def render(self, name: str, uops: List[UOp]) -> str:
     return _Builder(to_function_name(name), list(uops)).build()

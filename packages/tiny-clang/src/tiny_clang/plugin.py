@@ -4,9 +4,10 @@ from __future__ import annotations
 import importlib.util
 from typing import Any, List, Optional
 
+from tiny.backend import DeviceCaps
 from tiny.plugins import DeviceSpec, hookimpl
 
-TINY_PLUGIN_API = "1.0"
+TINY_PLUGIN_API = "1.1"
 
 
 def _probe_clang() -> Optional[str]:
@@ -62,10 +63,20 @@ def _graph(dev: str) -> Any:
   return CPUGraph
 
 
+# host memory: buffers are views into each other (ctypes from_buffer) and read back without a copy
+CPU_CAPS = DeviceCaps(buffer_views=True, zero_copy=True, buffer_options=frozenset({"nolru"}))
+
+
 @hookimpl
 def tiny_devices() -> List[DeviceSpec]:
   """CLANG (C through clang, else cc/gcc) and LLVM (LLVM IR through llvmlite); both run kernels on every core."""
   return [DeviceSpec(name="CLANG", allocator=_allocator, renderer=_clang_renderer, compiler=_clang_compiler, runtime=_clang_runtime,
-                     graph=_graph, priority=10, probe=_probe_clang),
+                     graph=_graph, priority=10, probe=_probe_clang, caps=CPU_CAPS),
           DeviceSpec(name="LLVM", allocator=_allocator, renderer=_llvm_renderer, compiler=_llvm_compiler, runtime=_llvm_runtime,
-                     graph=_graph, priority=5, probe=_probe_llvm)]
+                     graph=_graph, priority=5, probe=_probe_llvm, caps=CPU_CAPS)]
+
+
+def doctor_notes() -> List[str]:
+  """What `python -m tiny doctor` prints under this plugin: which thread pool runs the kernels (and why, when it is the slow one)."""
+  from tiny_clang.pool import pool_notes
+  return pool_notes()

@@ -14,10 +14,11 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, List, Optional, Sequence
 
-from tiny.helpers import THREADS
+from tiny_clang.settings import THREADS
 
 POOL_SRC = r"""
 #include <pthread.h>
@@ -200,23 +201,39 @@ class PyPool:
 
 _pool: Optional[Any] = None
 _pool_lock = threading.Lock()
+# why the native pool could not be built (None while it is native or not built yet): `python -m tiny doctor` shows it
+fallback_reason: Optional[str] = None
 
 
 def get_pool() -> Any:
-  """The process-wide pool: native when a C compiler can build it, else Python threads."""
-  global _pool
+  """The process-wide pool: native when a C compiler can build it, else Python threads (with one warning saying why)."""
+  global _pool, fallback_reason
   with _pool_lock:
     if _pool is None:
       try:
         from tiny_clang.compiler import ClangCompiler, find_cc
         from tiny_clang.runtime import load_shared
         if find_cc() is None:
-          raise RuntimeError("no C compiler")
+          raise RuntimeError("no C compiler (clang, cc or gcc) on PATH")
         src = f"#define TINY_SLICES_PER_THREAD {SLICES_PER_THREAD}\n" + POOL_SRC
         _pool = NativePool(load_shared(ClangCompiler("pool", opt_args=["-O2", "-pthread"]).compile_cached(src)))
-      except Exception:
+      except Exception as e:   # any failure to build or load it: the Python pool runs the same kernels, only slower
+        first_line = (str(e).strip().splitlines() or [""])[0]   # a compiler error is long: its first line names the problem
+        fallback_reason = f"{type(e).__name__}: {first_line}" if first_line else type(e).__name__
+        warnings.warn(f"tiny_clang: the native thread pool could not be built ({fallback_reason}); kernels run on Python threads",
+                      RuntimeWarning, stacklevel=2)
         _pool = PyPool()
     return _pool
+
+
+def pool_notes() -> List[str]:
+  """One line on the thread pool for `python -m tiny doctor`: native, or Python threads and why (builds the pool)."""
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", RuntimeWarning)   # doctor prints the reason itself
+    pool = get_pool()
+  if isinstance(pool, NativePool):
+    return [f"thread pool: native, {num_threads()} threads"]
+  return [f"thread pool: Python threads (the native pool could not be built: {fallback_reason})"]
 
 
 def run_list(fns: List[int], args: List[Any], par: List[int], T: int) -> int:

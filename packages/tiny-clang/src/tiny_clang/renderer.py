@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import functools
 import os
+import platform
 import re
 from typing import Any, Callable, Dict, FrozenSet, List, Optional, Set, Tuple, cast
 
-from tiny.codegen.uops import UOp, UOps
-from tiny.dtype import DType, PtrDType, dtypes
-from tiny.ops import BinaryOps, TernaryOps, UnaryOps
-from tiny.renderer.cstyle import CStyleLanguage, RenderError
+from tiny.backend import BinaryOps, CStyleLanguage, DType, Kernel, PtrDType, RenderError, TernaryOps, UnaryOps, UOp, UOps, dtypes
 
+from tiny_clang.heuristics import cpu_hand_coded_optimizations
 from tiny_clang.vmath import exp2_source, log2_source
 
 HALF_PRELUDE = """#if defined(__FLT16_MAX__)
@@ -125,6 +124,17 @@ def host_simd_bytes() -> int:
   return 64 if "avx512f" in flags else 32 if "avx" in flags else 16
 
 
+def host_simd_registers(simd_bytes: int) -> int:
+  """How many vector registers of simd_bytes the host has: 32 on aarch64 (NEON/SVE) and with AVX-512 (zmm0-31, used
+  when simd_bytes is 64), 16 with AVX/AVX2/SSE; $SIMD_REGISTERS overrides."""
+  if (env := os.environ.get("SIMD_REGISTERS")):
+    return int(env)
+  if platform.machine().lower() in ("aarch64", "arm64") or "asimd" in _cpu_flags():
+    return 32
+  # x86: only EVEX (AVX-512) encodings reach 32 registers; a narrower width chosen for this host gets the 16 of AVX/SSE
+  return 32 if simd_bytes >= 64 else 16
+
+
 @functools.lru_cache(None)
 def _cpu_flags() -> FrozenSet[str]:
   # read once per process: every renderer instance (tests build many) asks
@@ -154,6 +164,11 @@ class ClangRenderer(CStyleLanguage):
   def __init__(self) -> None:
     self._bitcast_srcs: List[DType] = []
     self.simd_bytes = host_simd_bytes()
+    self.simd_registers = host_simd_registers(self.simd_bytes)
+
+  def hand_coded_optimizations(self, k: Kernel) -> bool:
+    """The host CPU's tiling heuristic (tiny_clang.heuristics) instead of core's device-neutral one."""
+    return cpu_hand_coded_optimizations(k)
 
   # *** types ***
 

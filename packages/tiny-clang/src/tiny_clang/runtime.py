@@ -9,10 +9,10 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from tiny.device import BufferOptions, LRUAllocator
-from tiny.helpers import THREADS, flat_mv, to_function_name
+from tiny.backend import BufferOptions, LRUAllocator, flat_mv, to_function_name
 
 from tiny_clang.pool import NativePool, get_pool, num_threads
+from tiny_clang.settings import THREADS
 
 # a kernel whose first single-core run takes less than this stays on one core: waking the pool costs more than it saves
 PARALLEL_MIN_SECONDS = 40e-6

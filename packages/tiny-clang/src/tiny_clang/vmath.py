@@ -79,7 +79,7 @@ class _IR:
   """A tiny SSA builder for one helper function over <n x float> / <n x i32>."""
 
   def __init__(self, n: int):
-    from tiny.dtype import dtypes
+    from tiny.backend import dtypes
     from tiny_clang.llvmir import lconst
     self.n, self.cnt = n, 0
     self.lines: List[str] = []

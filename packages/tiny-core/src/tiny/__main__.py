@@ -1,10 +1,26 @@
-"""Command line: ``python -m tiny doctor [-v]`` tells what tiny sees on this machine."""
+"""Command line: ``python -m tiny doctor [-v]`` tells what tiny sees on this machine.
+
+A plugin module may define ``doctor_notes() -> List[str]``: doctor prints those lines under the plugin (a fallback it had
+to take, which toolchain it found). It is a plain function, not a hook, and it is only called here.
+"""
 from __future__ import annotations
 
 import argparse
 import platform
 import sys
 from typing import List, Optional, TextIO
+
+
+def plugin_notes(module_name: str) -> List[str]:
+  """The lines the plugin module's optional ``doctor_notes()`` gives; a note that fails is reported as one line."""
+  module = sys.modules.get(module_name)   # discovery imported every plugin that loaded
+  fn = getattr(module, "doctor_notes", None)
+  if not callable(fn):
+    return []
+  try:
+    return [str(x) for x in fn()]
+  except Exception as e:   # a plugin's diagnostics must not stop the report: the failure is the note
+    return [f"doctor_notes() raised {type(e).__name__}: {e}"]
 
 
 def doctor(verbose: bool = False, out: TextIO = sys.stdout) -> int:
@@ -52,6 +68,9 @@ def doctor(verbose: bool = False, out: TextIO = sys.stdout) -> int:
       p(f"    warning: {first}")
       for line in rest if verbose else []:
         p(f"      {line}")
+    if not rec.error and not rec.disabled:
+      for note in plugin_notes(rec.value):
+        p(f"    note: {note}")
   p()
   entries = plugins.device_entries()
   p(f"devices ({len(entries)}):")

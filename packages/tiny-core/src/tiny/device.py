@@ -12,26 +12,37 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, DefaultDict, List, Optional, Tuple
 
+from tiny import helpers
+from tiny.capabilities import DeviceCaps
+from tiny.dtype import DType, ImageDType, to_np_dtype
 from tiny.helpers import DEBUG, GlobalCounters, diskcache_get, diskcache_put, flat_mv, from_mv, getenv
+from tiny.renderer import Renderer
 
 if TYPE_CHECKING:
-  from tiny.dtype import DType, ImageDType
-  from tiny.renderer import Renderer
+  from tiny.registry import _Device
 
 __all__ = ["Buffer", "BufferOptions", "Allocator", "LRUAllocator", "MallocAllocator", "Compiler", "CompileError", "Compiled", "Device"]  # noqa: F822
 
 
+def _registry() -> _Device:
+  # the registry builds Compiled devices from this module, so it imports this one: a Buffer finds its device through it at run time
+  from tiny.registry import Device
+  return Device
+
+
 def __getattr__(name: str) -> Any:
-  # Device lives in tiny.registry, which imports this module: resolve it on first use to avoid a cycle
+  # `from tiny.device import Device` is the spelling user code has always had; Device itself lives in tiny.registry
   if name == "Device":
-    from tiny.registry import Device
-    return Device
+    return _registry()
   raise AttributeError(f"module 'tiny.device' has no attribute {name!r}")
 
 
 def _device(name: str) -> Compiled:
-  from tiny.registry import Device
-  return Device[name]
+  return _registry()[name]
+
+
+def _caps(name: str) -> DeviceCaps:
+  return _registry().caps(name)
 
 
 # **************** buffers ****************
@@ -58,7 +69,6 @@ class Buffer:
   def __init__(self, device: str, size: int, dtype: DType, opaque: Any = None, options: Optional[BufferOptions] = None,
                initial_value: Optional[bytes] = None, lb_refcount: int = 0, base: Optional[Buffer] = None, offset: int = 0,
                preallocate: bool = False):
-    from tiny.dtype import DType, ImageDType
     if not isinstance(dtype, DType):
       raise TypeError(f"Buffer dtype must be a DType, got {dtype!r}")
     if isinstance(dtype, ImageDType):
@@ -99,6 +109,16 @@ class Buffer:
 
   def is_allocated(self) -> bool:
     return hasattr(self, "_buf")
+
+  @property
+  def handle(self) -> Any:
+    """The device memory behind this buffer: the opaque object its allocator's `alloc` (or `offset`, for a view) returned.
+
+    Part of the backend API (tiny.backend): graph executors and runtimes pass it to their launch calls. Read-only; raises
+    RuntimeError when the buffer is not allocated yet (call `ensure_allocated()` first)."""
+    if not self.is_allocated():
+      raise RuntimeError(f"{self!r} is not allocated: it has no device handle yet (call ensure_allocated())")
+    return self._buf
 
   def ensure_allocated(self) -> Buffer:
     """Allocate if not yet allocated; returns self."""
@@ -163,7 +183,7 @@ class Buffer:
   def as_buffer(self, allow_zero_copy: bool = False, force_zero_copy: bool = False) -> memoryview:
     """The contents as a memoryview: zero-copy when allowed and the allocator can, else a copy."""
     if (force_zero_copy or allow_zero_copy) and hasattr(self.allocator_or_device(), "as_buffer") and \
-        (force_zero_copy or not self.device.startswith(("GPU", "CUDA", "NV", "AMD"))):
+        (force_zero_copy or _caps(self.device).zero_copy):
       return getattr(self.allocator_or_device(), "as_buffer")(self._buf)
     if force_zero_copy:
       raise RuntimeError(f"device {self.device} cannot give a zero-copy view of its memory")
@@ -195,7 +215,6 @@ class Buffer:
     """The contents as a numpy array of the buffer's dtype (a copy unless zero-copy is possible)."""
     import numpy as np
 
-    from tiny.dtype import to_np_dtype
     return np.frombuffer(bytes(self.as_buffer()), dtype=to_np_dtype(self.dtype.scalar() if hasattr(self.dtype, "scalar") else self.dtype))
 
   def view(self, size: int, dtype: DType, offset: int) -> Buffer:
@@ -329,7 +348,6 @@ class Compiler:
 
   def compile_cached(self, src: str) -> bytes:
     """compile(src), served from the disk cache when possible. Corrupt or foreign entries are rebuilt."""
-    from tiny import helpers
     use_cache = self.cachekey is not None and helpers.CACHELEVEL >= 1
     lib = diskcache_get(self.cachekey, src) if use_cache and self.cachekey is not None else None
     if not isinstance(lib, bytes):
@@ -345,10 +363,11 @@ class Compiled:
   """A device: allocator + renderer + compiler + runtime (+ an optional graph executor for the JIT)."""
 
   def __init__(self, device: str, allocator: Allocator, renderer: Optional[Renderer], compiler: Optional[Compiler], runtime: Any,
-               graph: Any = None):
+               graph: Any = None, caps: Optional[DeviceCaps] = None):
     self.dname, self.allocator, self.compiler, self.runtime, self.graph = device, allocator, compiler or Compiler(), runtime, graph
+    # what the device can do; the registry sets it from the plugin's DeviceSpec, also on device objects a plugin builds itself
+    self.caps: DeviceCaps = caps if caps is not None else DeviceCaps()
     if renderer is None:
-      from tiny.renderer import Renderer
       renderer = Renderer()
     self.renderer = renderer
 

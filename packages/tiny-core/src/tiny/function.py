@@ -14,7 +14,7 @@ from tiny.helpers import argsort
 from tiny.lazy import LazyBuffer
 from tiny.ops import BinaryOps, ReduceOps, TernaryOps, UnaryOps
 from tiny.shape.symbolic import sint
-from tiny.tensor import Function
+from tiny.tensor import Function, Tensor
 
 _LOG2_E = 1 / math.log(2)
 _LN_2 = math.log(2)
@@ -410,13 +410,11 @@ class Conv(Function):
   gradient, summed over batch and positions."""
 
   def forward(self, x: LazyBuffer, w: LazyBuffer, padding: Tuple[int, ...] = (), acc_dtype: Optional[DType] = None) -> LazyBuffer:
-    from tiny.tensor import Tensor
     self.x, self.w, self.padding, self.acc_dtype = x, w, padding, acc_dtype
     with Tensor.inference_mode():
       return Tensor(x, device=x.device)._conv_composed(Tensor(w, device=w.device), padding=list(padding), acc_dtype=acc_dtype).lazydata
 
   def backward(self, grad_output: LazyBuffer) -> Tuple[Optional[LazyBuffer], Optional[LazyBuffer]]:
-    from tiny.tensor import Tensor
     with Tensor.inference_mode():
       g = Tensor(grad_output, device=grad_output.device)
       x, w = Tensor(self.x, device=self.x.device), Tensor(self.w, device=self.w.device)

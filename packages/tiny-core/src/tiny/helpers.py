@@ -63,11 +63,6 @@ def colored(st: str, color: Optional[str], background: bool = False) -> str:
   return f"\u001b[{code}m{st}\u001b[0m"
 
 
-def colorize_float(x: float) -> str:
-  """Color a speed ratio: green when fast, red when slow."""
-  return colored(f"{x:7.2f}x", "green" if x < 0.75 else "red" if x > 1.15 else "yellow")
-
-
 def ansistrip(s: str) -> str:
   """Remove ANSI escapes."""
   import re
@@ -94,11 +89,6 @@ def fully_flatten(items: Any) -> List[Any]:
   if hasattr(items, "__len__") and hasattr(items, "__getitem__") and not isinstance(items, (str, bytes)):
     return [x for it in items for x in fully_flatten(it)]
   return [items]
-
-
-def fromimport(mod: str, frm: str) -> Any:
-  """from mod import frm, at run time."""
-  return getattr(__import__(mod, fromlist=[frm]), frm)
 
 
 def strip_parens(fst: str) -> str:
@@ -134,24 +124,6 @@ def partition(lst: Iterable[T], fxn: Callable[[T], bool]) -> Tuple[List[T], List
   for s in lst:
     (a if fxn(s) else b).append(s)
   return a, b
-
-
-def unwrap(x: Optional[T]) -> T:
-  """Return x, asserting it is not None."""
-  assert x is not None
-  return x
-
-
-def get_child(obj: Any, key: str) -> Any:
-  """Follow a dotted path of attributes/indices ('layers.0.weight')."""
-  for k in key.split("."):
-    if k.isnumeric():
-      obj = obj[int(k)]
-    elif isinstance(obj, dict):
-      obj = obj[k]
-    else:
-      obj = getattr(obj, k)
-  return obj
 
 
 def get_shape(x: Any) -> Tuple[int, ...]:
@@ -236,7 +208,6 @@ DEBUG, IMAGE, BEAM, NOOPT, JIT = ContextVar("DEBUG", 0), ContextVar("IMAGE", 0),
 WINO, THREEFRY, CAPTURING = ContextVar("WINO", 0), ContextVar("THREEFRY", 0), ContextVar("CAPTURING", 1)
 GRAPH, MULTIOUTPUT, TRANSCENDENTAL = ContextVar("GRAPH", 0), ContextVar("MULTIOUTPUT", 1), ContextVar("TRANSCENDENTAL", 1)
 USE_TC, TC_OPT, SPLIT_REDUCEOP = ContextVar("TC", 1), ContextVar("TC_OPT", 0), ContextVar("SPLIT_REDUCEOP", 1)
-THREADS = ContextVar("THREADS", 0)
 # CHECK_INDEX=1: realize integer Tensor indices (indexing, gather, one_hot, Embedding) and raise IndexError on the host
 # for out-of-range values; off by default because it costs a device sync per indexing op
 CHECK_INDEX = ContextVar("CHECK_INDEX", 0)
@@ -323,22 +294,6 @@ def fetch(url: str, name: Optional[str] = None, allow_caching: bool = not getenv
   return fp
 
 
-def cpu_time_execution(cb: Callable[[], Any], enable: bool) -> Optional[float]:
-  """Run cb and return its wall time in seconds when enable is set."""
-  if enable:
-    st = time.perf_counter()
-  cb()
-  if enable:
-    return time.perf_counter() - st
-  return None
-
-
-def init_c_var(ctypes_var: T, creat_cb: Callable[[T], Any]) -> T:
-  """Call creat_cb on a fresh ctypes variable and return it."""
-  creat_cb(ctypes_var)
-  return ctypes_var
-
-
 def tqdm(iterable: Optional[Iterable[T]] = None, *args: Any, **kwargs: Any) -> Any:
   """A progress bar from the tqdm package, quiet when it is not installed."""
   try:
@@ -398,18 +353,6 @@ def pretty_print(x: Any, rep: Callable[[Any], Any], srcfn: Callable[[Any], Any] 
 
 
 # *** raw memory views (used by allocators and runtimes built on ctypes) ***
-
-def mv_address(mv: memoryview) -> int:
-  """The address of the first byte of a writable memoryview."""
-  import ctypes
-  return ctypes.addressof(ctypes.c_char.from_buffer(mv))
-
-
-def to_mv(ptr: int, sz: int) -> memoryview:
-  """A writable byte memoryview over sz bytes at address ptr (no copy)."""
-  import ctypes
-  return memoryview((ctypes.c_uint8 * sz).from_address(ptr)).cast("B")
-
 
 def from_mv(mv: memoryview, to_type: Any = None) -> Any:
   """A ctypes array aliasing the bytes of a writable memoryview (no copy)."""
@@ -590,23 +533,6 @@ def diskcache_put(table: str, key: Any, val: T) -> T:
     conn.execute(f'REPLACE INTO "{tbl}" ({names}, kind, val, sha) VALUES ({", ".join("?" * len(row))})', row)
   _cache_run(store)
   return val
-
-
-def diskcache(func: Callable[..., T]) -> Callable[..., T]:
-  """Memoize func on disk, keyed by the hash of its arguments. func returns bytes or JSON data (see diskcache_put);
-  a call served from disk returns the JSON form (lists where func returned tuples)."""
-  def wrapper(*args: Any, **kwargs: Any) -> T:
-    key = hashlib.sha256(pickle_dumps((args, kwargs))).hexdigest()
-    if (ret := diskcache_get(func.__name__, key)) is not None:
-      return ret
-    return diskcache_put(func.__name__, key, func(*args, **kwargs))
-  return wrapper
-
-
-def pickle_dumps(x: Any) -> bytes:
-  """pickle.dumps, importable without importing pickle at module load."""
-  import pickle
-  return pickle.dumps(x)
 
 
 # the Metadata of the Tensor method being run; LazyBuffers created meanwhile record it (set by the Tensor layer)

@@ -14,11 +14,9 @@ from tiny.device import Buffer
 from tiny.dtype import ConstType, DType, dtypes
 from tiny.helpers import DEBUG, SPLIT_REDUCEOP, _METADATA, Metadata, all_int, all_same, getenv, prod
 from tiny.ops import BinaryOps, MetaOps, Op, ReduceOps, TernaryOps, UnaryOps, exec_alu, python_alu
+from tiny.registry import Device
 from tiny.shape.shapetracker import ShapeTracker
 from tiny.shape.symbolic import Variable, sint
-
-# devices whose allocator can alias part of another buffer (Allocator.offset), so some copies become views
-view_supported_devices = {"LLVM", "CLANG", "CUDA", "NV", "AMD", "METAL", "DISK"}
 
 lazycache: WeakValueDictionary[Any, LazyBuffer] = WeakValueDictionary()
 
@@ -185,7 +183,10 @@ class LazyBuffer:
     return ret
 
   def can_view(self) -> bool:
-    return bool(self.st.consecutive) and not self.is_unrealized_const() and self.device.split(":")[0] in view_supported_devices
+    """True when this data can be a Buffer view of its base (consecutive, and the device declares caps.buffer_views)."""
+    if not self.st.consecutive or self.is_unrealized_const():
+      return False
+    return Device.caps(self.device).buffer_views
 
   def contiguous(self, allow_buffer_view: bool = True) -> LazyBuffer:
     """This data in a contiguous buffer of its own shape; marks an already-contiguous base for realization."""

@@ -12,14 +12,12 @@ import math
 import struct
 from dataclasses import dataclass
 from enum import Enum, auto
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Union
 
+from tiny.dtype import ConstType, DType, dtypes
 from tiny.helpers import dedup, prod
-
-if TYPE_CHECKING:
-  from tiny.dtype import ConstType, DType
-  from tiny.shape.shapetracker import ShapeTracker
-  from tiny.shape.symbolic import Variable, sint
+from tiny.shape.shapetracker import ShapeTracker
+from tiny.shape.symbolic import Variable, sint
 
 
 class UnaryOps(Enum):
@@ -141,7 +139,6 @@ class LazyOp:
   @functools.cached_property
   def dtype(self) -> DType:
     """The dtype this node produces."""
-    from tiny.dtype import dtypes
     if self.op in BufferOps:
       return self.arg.dtype
     if self.op in (UnaryOps.CAST, UnaryOps.BITCAST):
@@ -178,7 +175,6 @@ class LazyOp:
 
   def vars(self) -> List[Variable]:
     """The symbolic Variables of all the ShapeTrackers and constants, sorted by name."""
-    from tiny.shape.symbolic import Variable
     found: Set[Variable] = set()
     for x in self.lazyops:
       if x.op in BufferOps:
@@ -284,7 +280,6 @@ class _TruncateTable:
     self._table: Optional[Dict[Any, Callable[[Any], Any]]] = None
 
   def _build(self) -> Dict[Any, Callable[[Any], Any]]:
-    from tiny.dtype import dtypes
     t: Dict[Any, Callable[[Any], Any]] = {dtypes.bool: bool, dtypes.float16: _fp16, dtypes.bfloat16: _bf16, dtypes.float32: _fp32,
                                           dtypes.float64: lambda x: ctypes.c_double(x).value}
     for dt in (dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64):
@@ -355,7 +350,6 @@ def verify_lazyop(ast: LazyOp) -> Dict[LazyOp, ShapeTracker]:
 
   Raises InvalidLazyOpError when a store is not at the root, buffer indices are not 0.. in order, elementwise
   sources disagree on shape, or a reduce does not turn its axes into 1s."""
-  from tiny.shape.shapetracker import ShapeTracker
   stores = ast.src if ast.op is MetaOps.KERNEL else (ast,)
   if not stores or any(x.op is not BufferOps.STORE for x in stores):
     raise InvalidLazyOpError(f"a kernel is a KERNEL of STOREs, got {ast.op} with {[x.op for x in stores]}")

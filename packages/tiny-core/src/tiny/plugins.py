@@ -8,7 +8,7 @@ A device package declares an entry point in the group ``tiny``::
 and that module holds pluggy hook implementations::
 
     from tiny.plugins import DeviceSpec, hookimpl
-    TINY_PLUGIN_API = "1.0"
+    TINY_PLUGIN_API = "1.1"
 
     @hookimpl
     def tiny_devices():
@@ -31,11 +31,13 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 import pluggy
 
+from tiny.capabilities import DeviceCaps
+
 if TYPE_CHECKING:
   from tiny.device import Allocator, Compiled, Compiler
   from tiny.renderer import Renderer
 
-PLUGIN_API_VERSION = "1.0"
+PLUGIN_API_VERSION = "1.1"
 ENTRY_POINT_GROUP = "tiny"
 PROJECT_NAME = "tiny"
 CORE_DISTRIBUTION = "tiny-core"
@@ -60,6 +62,8 @@ class DeviceSpec:
   that is never picked automatically (storage devices such as DISK, test devices) and is left out of
   Device.get_available_devices().
   device_factory, when given, builds the device object itself instead of tiny.device.Compiled.
+  caps (optional, an extension of API 1.0 that older cores ignore) says what the device can do (buffer views, zero-copy
+  host access, ...); the default claims nothing, which is always safe.
   """
   name: str
   allocator: Callable[[str], "Allocator"]
@@ -70,6 +74,7 @@ class DeviceSpec:
   priority: int = 0
   probe: Callable[[], Optional[str]] = _usable
   device_factory: Optional[Callable[[str], "Compiled"]] = None
+  caps: DeviceCaps = field(default_factory=DeviceCaps)
 
 
 @dataclass(frozen=True)
@@ -243,6 +248,10 @@ def _spec_problems(x: Any) -> List[str]:
     for f in ("graph", "device_factory"):
       if not _callable_or_none(getattr(x, f)):
         bad.append(f"{f} must be callable or None, got {getattr(x, f)!r}")
+    if not isinstance(x.caps, DeviceCaps):
+      bad.append(f"caps must be a tiny.backend.DeviceCaps, got {x.caps!r}")
+    else:
+      bad.extend(x.caps.problems())
   elif isinstance(x, RendererSpec):
     for f in ("device", "name"):
       if not isinstance(getattr(x, f), str) or not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", getattr(x, f)):

@@ -9,10 +9,16 @@ import os
 import re
 import threading
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Tuple
 
 from tiny import plugins
+from tiny.capabilities import DEFAULT_CAPS, DeviceCaps
+from tiny.device import Compiled
 from tiny.plugins import DeviceEntry, DeviceSpec, RendererSpec
+
+if TYPE_CHECKING:
+  from tiny.device import Compiler
+  from tiny.renderer import Renderer
 
 
 class DeviceError(RuntimeError):
@@ -56,8 +62,9 @@ class _Device:
   def __init__(self) -> None:
     self._lock = threading.RLock()
     self._seen: Tuple[int, int] = (-1, -1)
-    self._instances: Dict[str, Any] = {}
-    self._by_spelling: Dict[str, Any] = {}   # "cuda:0" -> instance: the hot path skips parsing
+    self._instances: Dict[str, Compiled] = {}
+    self._by_spelling: Dict[str, Compiled] = {}   # "cuda:0" -> instance: the hot path skips parsing
+    self._caps: Dict[str, DeviceCaps] = {}    # "cuda:0" -> caps: LazyBuffer asks each time a copy might become a view
     self._reasons: Dict[str, Optional[str]] = {}
     self._default: Optional[str] = None
 
@@ -71,6 +78,7 @@ class _Device:
         self._by_spelling.clear()
         self._default = None
       self._reasons.clear()
+      self._caps.clear()
       self._seen = gen
     return st
 
@@ -119,7 +127,7 @@ class _Device:
   def _renderer_spec(self, did: DeviceId) -> Optional[RendererSpec]:
     return None if did.renderer is None else self._sync().renderers[(did.name, did.renderer)][0]
 
-  def renderer(self, device: str) -> Any:
+  def renderer(self, device: str) -> Renderer:
     """The renderer for a device id, built without touching the hardware (render CUDA kernels on a laptop)."""
     did = self.parse(device)
     if (inst := self._instances.get(str(did))) is not None and hasattr(inst, "renderer"):
@@ -127,7 +135,7 @@ class _Device:
     spec, rspec = self._spec(did), self._renderer_spec(did)
     return (rspec.renderer if rspec is not None else spec.renderer)(did.hardware)
 
-  def compiler(self, device: str) -> Any:
+  def compiler(self, device: str) -> Compiler:
     """The compiler for a device id, built without touching the hardware."""
     did = self.parse(device)
     if (inst := self._instances.get(str(did))) is not None and hasattr(inst, "compiler"):
@@ -135,17 +143,35 @@ class _Device:
     spec, rspec = self._spec(did), self._renderer_spec(did)
     return (rspec.compiler if rspec is not None and rspec.compiler is not None else spec.compiler)(did.hardware)
 
-  def _build(self, did: DeviceId, spec: DeviceSpec) -> Any:
+  def caps(self, device: str) -> DeviceCaps:
+    """What the device can do, from its plugin's DeviceSpec; builds nothing and touches no hardware.
+
+    A name no plugin provides (or a blocked one) gets the conservative defaults: core assumes nothing about it."""
+    if (c := self._caps.get(device)) is not None and self._seen == plugins.generation():
+      return c
+    with self._lock:
+      self._sync()
+      try:
+        c = self._spec(self.parse(device)).caps
+      except DeviceError:
+        c = DEFAULT_CAPS
+      self._caps[device] = c
+      return c
+
+  def _build(self, did: DeviceId, spec: DeviceSpec) -> Compiled:
     if spec.device_factory is not None:
-      return spec.device_factory(str(did))
-    from tiny.device import Compiled
+      inst = spec.device_factory(str(did))
+      # the spec is the authority on capabilities, also for device objects a plugin builds itself
+      inst.caps = spec.caps
+      return inst
     hw = did.hardware
     rspec = self._renderer_spec(did)
     renderer = (rspec.renderer if rspec is not None else spec.renderer)(hw)
     compiler = (rspec.compiler if rspec is not None and rspec.compiler is not None else spec.compiler)(hw)
-    return Compiled(str(did), spec.allocator(hw), renderer, compiler, spec.runtime(hw), spec.graph(hw) if spec.graph is not None else None)
+    return Compiled(str(did), spec.allocator(hw), renderer, compiler, spec.runtime(hw), spec.graph(hw) if spec.graph is not None else None,
+                    caps=spec.caps)
 
-  def _try_get(self, did: DeviceId) -> Tuple[Any, Optional[str], Optional[BaseException]]:
+  def _try_get(self, did: DeviceId) -> Tuple[Optional[Compiled], Optional[str], Optional[BaseException]]:
     """(instance, None, None) or (None, why not, the exception if one was raised). Caches instances and reasons."""
     key = str(did)
     if key in self._instances:
@@ -166,7 +192,7 @@ class _Device:
     self._reasons[key] = None
     return inst, None, None
 
-  def __getitem__(self, device: str) -> Any:
+  def __getitem__(self, device: str) -> Compiled:
     """The device object for an id, built on first use and then reused. Raises DeviceError naming the problem."""
     if (inst := self._by_spelling.get(device)) is not None and self._seen == plugins.generation():
       return inst
@@ -176,6 +202,7 @@ class _Device:
       inst, reason, exc = self._try_get(did)
       if reason is not None:
         raise DeviceUnavailableError(self._unavailable_message(str(did), reason)) from exc
+      assert inst is not None, "_try_get gives an instance or a reason"
       self._by_spelling[device] = inst
       return inst
 

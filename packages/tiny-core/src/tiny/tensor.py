@@ -72,9 +72,6 @@ class Function:
     return ret
 
 
-import tiny.function as F  # noqa: E402  (function.py imports Function from here)
-
-
 # *********** creation helpers ***********
 
 def _to_dtype(dtype: Any) -> DType:
@@ -2396,3 +2393,7 @@ if TRACEMETA >= 1:
       continue
     _static = isinstance(inspect.getattr_static(Tensor, _name), staticmethod)
     setattr(Tensor, _name, staticmethod(_metadata_wrapper(_fn)) if _static else _metadata_wrapper(_fn))
+
+
+# last: function.py subclasses Function and builds Tensors, so it imports this module; both names exist by now
+import tiny.function as F  # noqa: E402

@@ -15,8 +15,7 @@ import os
 import re
 from typing import Any, List, Optional, Tuple
 
-from tiny.device import CompileError, Compiler
-from tiny.helpers import getenv
+from tiny.backend import CompileError, Compiler, getenv
 
 DEFAULT_ARCH = "sm_80"
 
@@ -121,7 +120,7 @@ def default_arch() -> str:
 
 def arch_and_tensor_cores(arch: Optional[str]) -> Tuple[str, List[Any]]:
   """The normalized target (default_arch() when None) and its tensor cores: mma.sync needs sm_80 or newer."""
-  from tiny.renderer import cuda_tensor_cores
+  from tiny_cuda.renderer import cuda_tensor_cores
   target = normalize_arch(arch) if arch is not None else default_arch()
   return target, (cuda_tensor_cores() if int(target[3:5]) >= 80 else [])
 

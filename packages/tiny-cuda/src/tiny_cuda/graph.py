@@ -11,10 +11,7 @@ from __future__ import annotations
 import ctypes
 from typing import Any, Dict, List, Optional, Set, Tuple, cast
 
-from tiny.device import Buffer
-from tiny.engine.jit import GraphRunner
-from tiny.engine.realize import CompiledRunner, ExecItem
-from tiny.shape.symbolic import Variable
+from tiny.backend import Buffer, CompiledRunner, ExecItem, GraphRunner, Variable
 
 from tiny_cuda.runtime import CUDAProgram, KernelArgs, _timed, check, context, cuda
 
@@ -44,7 +41,7 @@ class CUDAGraph(GraphRunner):
     check(cu.cuGraphCreate(ctypes.byref(self.graph), 0), "cuGraphCreate")
     for j, (ji, prg) in enumerate(zip(jit_cache, progs)):
       p = cast(CompiledRunner, ji.prg).p
-      args = KernelArgs(tuple(cast(Buffer, b)._buf for b in ji.bufs), tuple(var_vals[v] for v in p.vars))
+      args = KernelArgs(tuple(cast(Buffer, b).handle for b in ji.bufs), tuple(var_vals[v] for v in p.vars))
       gsz, lsz = self._dims(j, var_vals)
       if not all(isinstance(x, int) for x in list(p.global_size or []) + list(p.local_size or [])):
         self.symbolic_dims.add(j)
@@ -74,7 +71,7 @@ class CUDAGraph(GraphRunner):
     context(self.ordinal)
     dirty: Set[int] = set()
     for (j, i), input_idx in self.input_replace.items():
-      self.args[j].set_buf(i, rawbufs[input_idx]._buf)
+      self.args[j].set_buf(i, rawbufs[input_idx].handle)
       dirty.add(j)
     for j, slot, v in self.var_slots:
       self.args[j].values[slot].value = var_vals[v]

@@ -10,16 +10,13 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from tiny.codegen.kernel import Kernel, KernelOptError
-from tiny.dtype import dtypes
-from tiny.ops import LazyOp, MetaOps
+from tiny.backend import Kernel, KernelOptError, LazyOp, MetaOps, dtypes
 
 SuiteCase = Tuple[str, Callable[[], Any]]
 
 
 def _cases() -> List[SuiteCase]:
-  from tiny.shape.symbolic import Variable
-  from tiny.tensor import Tensor
+  from tiny import Tensor, Variable   # the user API: the suite builds kernels the way a program does
 
   def t(*shape: int, dtype: Any = dtypes.float32) -> Any:
     return Tensor.empty(*shape, dtype=dtype, device="PYTHON")
@@ -58,7 +55,7 @@ def _cases() -> List[SuiteCase]:
 
 def op_suite_asts(names: Optional[List[str]] = None) -> Dict[str, List[LazyOp]]:
   """{case name: the kernel ASTs its schedule holds} for the suite (or the named cases)."""
-  from tiny.engine.schedule import create_schedule_with_vars
+  from tiny.backend import create_schedule_with_vars
   out: Dict[str, List[LazyOp]] = {}
   for name, fn in _cases():
     if names is not None and name not in names:
@@ -71,7 +68,7 @@ def op_suite_asts(names: Optional[List[str]] = None) -> Dict[str, List[LazyOp]]:
 def cast_inside_mul(ast: LazyOp) -> LazyOp:
   """SUM(CAST(MUL(a, b))) -> SUM(MUL(CAST(a), CAST(b))): the form core's tensor-core opt recognizes. `a.matmul(b, acc_dtype=...)`
   multiplies in the input dtype and casts the product, which the TC opt does not match (see the README)."""
-  from tiny.ops import BinaryOps, ReduceOps, UnaryOps
+  from tiny.backend import BinaryOps, ReduceOps, UnaryOps
 
   def fix(x: LazyOp) -> LazyOp:
     if x.op is ReduceOps.SUM and x.src[0].op is UnaryOps.CAST and x.src[0].src[0].op is BinaryOps.MUL:
@@ -83,8 +80,8 @@ def cast_inside_mul(ast: LazyOp) -> LazyOp:
 
 def tc_matmul_ast(m: int, n: int, k: int, dtype_in: Any) -> LazyOp:
   """The kernel of `A(m x k) @ B(k x n)` with dtype_in inputs and a float32 result, in the tensor-core form."""
-  from tiny.engine.schedule import create_schedule
-  from tiny.tensor import Tensor
+  from tiny import Tensor
+  from tiny.backend import create_schedule
   a, b = Tensor.empty(m, k, dtype=dtype_in, device="PYTHON"), Tensor.empty(k, n, dtype=dtype_in, device="PYTHON")
   asts = [si.ast for si in create_schedule([a.matmul(b, acc_dtype=dtypes.float32).lazydata]) if si.ast.op is MetaOps.KERNEL]
   assert len(asts) == 1, "a matmul is one kernel"

@@ -12,9 +12,10 @@ import ctypes
 import ctypes.util
 from typing import Any, List, Optional
 
+from tiny.backend import DeviceCaps
 from tiny.plugins import DeviceSpec, RendererSpec, hookimpl
 
-TINY_PLUGIN_API = "1.0"
+TINY_PLUGIN_API = "1.1"
 
 
 def _driver_missing() -> Optional[str]:
@@ -101,7 +102,7 @@ def _graph(device: str) -> Any:
 def _device(device_id: str) -> Any:
   """CUDA[:PTX][:N] as a CUDADevice (a Compiled whose synchronize waits for the GPU)."""
   from tiny import plugins
-  from tiny.registry import Device
+  from tiny.backend import Device
   from tiny_cuda.runtime import CUDADevice
   did = Device.parse(device_id)
   hw = did.hardware
@@ -115,11 +116,15 @@ def _device(device_id: str) -> Any:
   return CUDADevice(str(did), ordinal, renderer, compiler, _graph(hw))
 
 
+# device memory: sub-buffers are pointer offsets, but reading it on the host always takes a copy
+CUDA_CAPS = DeviceCaps(buffer_views=True, zero_copy=False, buffer_options=frozenset({"host", "nolru"}))
+
+
 @hookimpl
 def tiny_devices() -> List[DeviceSpec]:
   """The CUDA device."""
   return [DeviceSpec(name="CUDA", allocator=_allocator, renderer=_renderer, compiler=_compiler, runtime=_runtime, graph=_graph,
-                     priority=80, probe=probe, device_factory=_device)]
+                     priority=80, probe=probe, device_factory=_device, caps=CUDA_CAPS)]
 
 
 @hookimpl

@@ -15,13 +15,8 @@ import struct
 from collections import defaultdict
 from typing import Any, DefaultDict, Dict, List, Optional, Tuple, Union, cast
 
-from tiny.codegen.transcendental import xexp2, xlog2
-from tiny.codegen.uops import PatternMatcher, UOp, UOps, UPat
-from tiny.dtype import DType, PtrDType, dtypes
-from tiny.helpers import prod
-from tiny.ops import BinaryOps, TernaryOps, UnaryOps
-from tiny.renderer import Renderer, TensorCore
-from tiny.renderer.cstyle import RenderError
+from tiny.backend import (BinaryOps, DType, PatternMatcher, PtrDType, RenderError, Renderer, TensorCore, TernaryOps, UnaryOps, UOp, UOps, UPat,
+                          dtypes, prod, xexp2, xlog2)
 
 F16 = (dtypes.float16, dtypes.bfloat16)
 INT8 = (dtypes.int8, dtypes.uint8)
@@ -86,6 +81,7 @@ class PTXRenderer(Renderer):
   suffix = "PTX"
   global_max = (2 ** 31 - 1, 65535, 65535)
   local_max = (1024, 1024, 64)
+  local_threads_max = 1024
   shared_max = 49152
   supports_float4 = True
   # non-empty: the ops PTX has an instruction (sequence) for; SIN is missing on purpose (polynomial, see module doc)

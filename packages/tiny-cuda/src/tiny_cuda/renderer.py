@@ -4,7 +4,7 @@ half and bfloat16 are the CUDA headers' `half` and `nv_bfloat16` (arithmetic thr
 intrinsics, sm_80+ for bfloat16). Vectors of float/double/int are CUDA's builtin `float4` & co. built with
 `make_float4`; vectors of the 16-bit floats are small aligned structs declared in the kernel's prelude. Tensor cores are
 `mma.sync.aligned.m16n8k16` in inline PTX, wrapped in one `__WMMA_...` function per instruction used; their register
-layout is the one `tiny.renderer.cuda_tensor_cores()` describes and the PYTHON device emulates.
+layout is the one `cuda_tensor_cores()` below declares, which the PYTHON device emulates (`EMULATE_CUDA=1`).
 
 `PTXRenderer` (PTX straight from the uops) lives in `tiny_cuda.ptx` and is re-exported here.
 """
@@ -12,12 +12,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from tiny.codegen.uops import PatternMatcher, UOp, UOps, UPat
-from tiny.dtype import DType, PtrDType, dtypes
-from tiny.helpers import prod
-from tiny.ops import BinaryOps, TernaryOps, UnaryOps
-from tiny.renderer import TensorCore
-from tiny.renderer.cstyle import CStyleLanguage, RenderError
+from tiny.backend import (BinaryOps, CStyleLanguage, DType, PatternMatcher, PtrDType, RegisterLayout, RenderError, TensorCore, TernaryOps,
+                          UnaryOps, UOp, UOps, UPat, dtypes, prod)
 
 F16 = (dtypes.float16, dtypes.bfloat16)
 # CUDA's own vector types: <scalar name><2|3|4> with make_<name><n>()
@@ -73,6 +69,22 @@ def _via_float(x: UOp, c: UOp) -> Optional[UOp]:
 cuda_matcher = PatternMatcher([(UPat(UOps.CAST, src=(UPat.var("x"),), name="c"), _via_float)])
 
 
+# mma.sync.m16n8k16 fragments (PTX ISA): the lanes form 8 groups of 4; group g = L//4 holds rows g and g+8, thread
+# t = L%4 of the group holds columns 2t and 2t+1 (and +8 where the fragment has more registers)
+MMA_M16N8K16_LAYOUT = (
+  RegisterLayout(8, rows=(("lane", 4, 0, 1), ("reg", 2, 2, 8)), cols=(("lane", 1, 4, 2), ("reg", 1, 2, 1), ("reg", 4, 0, 8))),
+  RegisterLayout(4, rows=(("lane", 1, 4, 2), ("reg", 1, 2, 1), ("reg", 2, 0, 8)), cols=(("lane", 4, 0, 1),)),
+  RegisterLayout(4, rows=(("lane", 4, 0, 1), ("reg", 2, 0, 8)), cols=(("lane", 1, 4, 2), ("reg", 1, 2, 1))),
+)
+
+
+def cuda_tensor_cores() -> List[TensorCore]:
+  """mma.sync m16n8k16 (sm_80+): 32 threads, half/bfloat16 in, float out."""
+  return [TensorCore(dims=(8, 16, 16), threads=[(0, 2), (0, 2), (1, 2), (1, 2), (1, 2)], thread_local_sizes=[[2, 2, 2], [2, 2], [2, 2]],
+                     dtype_in=di, dtype_out=do, layout=MMA_M16N8K16_LAYOUT)
+          for di, do in ((dtypes.half, dtypes.float), (dtypes.bfloat16, dtypes.float))]
+
+
 def wmma_function(tc_name: str, dtype_in: DType, dtype_out: DType, renderer: CUDARenderer) -> str:
   """The device function behind UOps.WMMA for mma.sync m16n8k16: A is 8 16-bit values (4 .b32 registers), B 4 values
   (2 registers), C/D 4 floats; each thread's element order is the PTX fragment order."""
@@ -94,6 +106,7 @@ class CUDARenderer(CStyleLanguage):
   suffix = "CUDA"
   global_max = (2 ** 31 - 1, 65535, 65535)
   local_max = (1024, 1024, 64)
+  local_threads_max = 1024
   shared_max = 49152
   kernel_prefix = 'extern "C" __global__ '
   smem_prefix = "__shared__ __align__(16) "

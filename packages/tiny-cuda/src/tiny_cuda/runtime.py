@@ -12,7 +12,7 @@ import ctypes
 import functools
 from typing import Any, Dict, List, Optional, Tuple
 
-from tiny.device import BufferOptions, Compiled, LRUAllocator
+from tiny.backend import BufferOptions, Compiled, LRUAllocator
 
 _CUDA: Any = None
 

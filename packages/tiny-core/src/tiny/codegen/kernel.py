@@ -10,7 +10,7 @@ import functools
 import itertools
 from dataclasses import dataclass, replace
 from enum import Enum, auto
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union, cast
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union, cast
 
 from tiny.dtype import ImageDType
 from tiny.helpers import DEBUG, TC_OPT, USE_TC, all_int, ansilen, colored, dedup, prod, round_up, to_function_name
@@ -18,6 +18,12 @@ from tiny.ops import UNSAFE_PAD_OPS, BinaryOps, BufferOps, ConstBuffer, KernelIn
   get_lazyop_info, verify_lazyop
 from tiny.shape.shapetracker import ShapeTracker
 from tiny.codegen.uopgraph import UOpGraph
+from tiny.codegen.lowerer import grouped_dim_sizes, lazyop_to_uop
+from tiny.codegen.uops import PatternMatcher
+
+if TYPE_CHECKING:
+  # the renderer layer sits above codegen: only its types are needed here (the device objects come from tiny.registry on demand)
+  from tiny.renderer import Program, Renderer, TensorCore
 
 
 class OptOps(Enum):
@@ -60,18 +66,6 @@ def _is_zero(st: Any) -> bool:
 def _divides(d: int, x: Any) -> bool:
   """`x` is an int that `d` divides."""
   return isinstance(x, int) and x % d == 0
-
-
-def _upcast_steps(width: int, cap: int) -> Optional[List[int]]:
-  """UPCAST amounts (each at most cap, largest first) whose product is width; None when width has a prime factor > cap."""
-  steps = []
-  while width > 1:
-    step = next((a for a in range(min(width, cap), 1, -1) if width % a == 0), None)
-    if step is None:
-      return None
-    steps.append(step)
-    width //= step
-  return steps
 
 
 @dataclass(frozen=True, order=True)
@@ -120,16 +114,16 @@ class TensorCoreOptions:
 class Kernel:
   """A kernel being optimized. `Kernel(ast)` with ast a KERNEL LazyOp of STOREs (or the STOREs themselves)."""
 
-  def __init__(self, *ast: LazyOp, opts: Any = None) -> None:
+  def __init__(self, *ast: LazyOp, opts: Optional[Renderer] = None) -> None:
     if len(ast) == 1 and ast[0].op is MetaOps.KERNEL:
       self.ast = ast[0]
     else:
       self.ast = LazyOp(MetaOps.KERNEL, tuple(ast))
     verify_lazyop(self.ast)
     if opts is None:
-      from tiny.device import Device
+      from tiny.registry import Device
       opts = Device[Device.DEFAULT].renderer
-    self.opts = opts
+    self.opts: Renderer = opts
     self.reduceops = dedup([x for x in self.ast.lazyops if x.op in ReduceOps])
     self.outbufs: List[MemBuffer] = [x.arg for x in self.ast.src]
     self.bufs: List[Union[MemBuffer, ConstBuffer]] = dedup([x.arg for x in self.ast.lazyops if x.op in BufferOps])
@@ -148,7 +142,7 @@ class Kernel:
     self.group_for_reduces: int = 0
     self.upcasted: int = 0
     self.local_dims: int = 0
-    self.tensor_core: Any = None
+    self.tensor_core: Optional[TensorCore] = None
     self.tensor_core_opts: Optional[TensorCoreOptions] = None
     self.use_tensor_cores: int = 0
     self.dont_use_locals: bool = False
@@ -181,10 +175,6 @@ class Kernel:
     return ret
 
   # *** shape properties ***
-
-  @property
-  def membufs(self) -> List[MemBuffer]:
-    return [x for x in self.bufs if isinstance(x, MemBuffer)]
 
   @property
   def shape_len(self) -> int:
@@ -329,8 +319,12 @@ class Kernel:
   def apply_opt(self, opt: Opt, append_opt: bool = True) -> None:
     """Apply one opt in place; raises KernelOptError (leaving the kernel unchanged) when it does not apply."""
     saved = (self.sts[:], self.local_dims, self.upcasted, self.group_for_reduces, self.dont_use_locals, self.tensor_core)
+    before = self.launch_limit_problems()
     try:
       self._apply_opt(opt)
+      # no opt may push the launch past the renderer's limits (one the kernel broke before the opt is not the opt's doing)
+      if new := [why for key, why in self.launch_limit_problems().items() if key not in before]:
+        raise KernelOptError(f"{opt} exceeds the launch limits: {'; '.join(new)}")
     except KernelOptError:
       self.sts, self.local_dims, self.upcasted, self.group_for_reduces, self.dont_use_locals, self.tensor_core = saved
       raise
@@ -340,6 +334,31 @@ class Kernel:
     if append_opt:
       self.applied_opts.append(opt)
     self.uops = None
+
+  def launch_limit_problems(self) -> Dict[Tuple[str, int], str]:
+    """The renderer's launch limits this kernel breaks as it stands, as {(kind, dim): why}.
+
+    The sizes are those of the SPECIALs the lowerer makes: local dims (after the tensor core's warp) and grouped reduce
+    dims merged down to three workgroup dims, each within local_max[dim] and all together within local_threads_max;
+    global dims merged down to three grid dims, each within global_max[dim]."""
+    if not getattr(self.opts, "has_local", False):
+      return {}  # no launch grid: global dims are loops
+    out: Dict[Tuple[str, int], str] = {}
+    fs, lmax, gmax = self.full_shape, getattr(self.opts, "local_max", None), getattr(self.opts, "global_max", None)
+    for d, sz in enumerate(grouped_dim_sizes(fs[:self.global_dims], 3, reverse=True)):
+      if gmax is not None and d < len(gmax) and isinstance(sz, int) and sz > gmax[d]:
+        out[("global", d)] = f"global dim {d} is {sz}, the most is {gmax[d]}"
+    if self.dont_use_locals:
+      return out
+    warp = [self.tensor_core.num_threads()] if self.tensor_core is not None else []
+    lsizes = warp + list(fs[self.global_dims:self.first_reduce + self.group_for_reduces])
+    lgrid = grouped_dim_sizes(lsizes, 3)
+    for d, sz in enumerate(lgrid):
+      if lmax is not None and d < len(lmax) and isinstance(sz, int) and sz > lmax[d]:
+        out[("local", d)] = f"local dim {d} is {sz}, the most is {lmax[d]}"
+    if (tmax := getattr(self.opts, "local_threads_max", None)) is not None and all_int(lgrid) and (n := prod(lgrid)) > tmax:
+      out[("threads", 0)] = f"{n} threads per workgroup, the most is {tmax}"
+    return out
 
   def _apply_opt(self, opt: Opt) -> None:
     check(isinstance(opt, Opt) and isinstance(opt.op, OptOps), f"not an Opt: {opt!r}")
@@ -387,9 +406,6 @@ class Kernel:
     if opt.op is OptOps.LOCAL:
       check(self.opts.has_local, "target does not support local")
       check(axis < self.global_dims, "local is for globals")
-      check(self.opts.local_max is None or prod(self.full_shape[self.global_dims:self.first_reduce + self.group_for_reduces]) * amt <=
-            (self.opts.local_max[0] if isinstance(self.opts.local_max, (tuple, list)) else self.opts.local_max) * 1024,
-            "local size too big")
       check(not self.tensor_core or self.local_dims < 2, "tensor cores leave room for two local dims")
       self.shift_to(axis, amt, insert_before=self.first_reduce)
       self.local_dims += 1
@@ -405,8 +421,6 @@ class Kernel:
       check(axis < self.first_upcast, "can't upcast an upcasted axis")
       check(self.first_reduce + self.group_for_reduces <= axis, "UNROLL is for reduce axes")
       check(amt <= 32, "don't unroll more than 32")
-      if self.full_shape[axis] == amt and axis == self.first_reduce:
-        self.local_dims += 0
       self.shift_to(axis, amt, insert_before=None)
       self.upcasted += 1
     elif opt.op is OptOps.UPCAST:
@@ -467,7 +481,7 @@ class Kernel:
     self.tensor_core, self.use_tensor_cores = tc, use_tensor_cores
     return True
 
-  def _tc_candidates(self, tc: Any) -> List[Tuple[int, int, int]]:
+  def _tc_candidates(self, tc: TensorCore) -> List[Tuple[int, int, int]]:
     """(n, m, k) axis choices where this tensor core computes the kernel's single SUM of a product of two loads."""
     if len(self.reduceops) != 1 or self.group_for_reduces or self.upcasted or self.local_dims or self.dont_use_locals:
       return []
@@ -518,160 +532,15 @@ class Kernel:
 
   # *** heuristic ***
 
-  @property
-  def simd_lanes(self) -> int:
-    """Lanes of the output dtype in one vector register of a CPU renderer (0 when the renderer asks for no vector code)."""
-    return int(getattr(self.opts, "simd_bytes", 0)) // self.bufs[0].dtype.itemsize
-
-  @property
-  def simd_registers(self) -> int:
-    """Vector registers of that CPU: 32 with AVX-512 (64-byte registers), 16 with AVX2 or narrower."""
-    return 32 if int(getattr(self.opts, "simd_bytes", 0)) >= 64 else 16
-
-  def _cpu_output_strip(self) -> bool:
-    """CPU matmul-like reduce: upcast a wide strip of the last output axis (True when applied).
-
-    The axis must be contiguous in the output and in one input while another input broadcasts along it; then each
-    reduce step loads one value of the broadcast input and one contiguous vector of the other, which the C compiler
-    vectorizes. Measured on CLANG (1024² matmul): a 1x128 strip runs ~6x faster than a 4x4 register tile. A strip
-    of 16 or less (a conv's output row) also upcasts an output axis that the vector input broadcasts over, so each
-    loaded vector feeds several rows (conv 32x64x56x56, 3x3: ~10 -> ~35 GFLOP/s)."""
-    if self.reduceop is None or self.first_reduce == 0 or self.upcasted or not all_int(self.full_shape):
-      return False
-
-    def strides_of(st: ShapeTracker) -> Tuple[Any, ...]:
-      # a padded input (conv) has no real strides; its last view's strides still say how it moves along each axis
-      return tuple(v if v is not None else w for v, w in zip(st.real_strides(), st.views[-1].strides))
-    out, ins = strides_of(self.sts[0]), [strides_of(st) for st in self.sts[1:len(self.bufs)]]
-    axis = self.first_reduce - 1
-    # the vector input takes part in the reduce (a residual added after a matmul is contiguous along the axis too)
-    vec = next((s for s in ins if s[axis] == 1 and any(s[r] != 0 for r in range(self.first_reduce, len(s)))), None)
-    if out[axis] != 1 or vec is None or not any(s[axis] == 0 for s in ins):
-      return False
-    rows = [a for a in range(axis) if out[a] != 0 and vec[a] == 0 and any(s[a] != 0 for s in ins if s is not vec)]
-    lanes = self.simd_lanes
-    if lanes > 1:
-      # the codegen re-vectorizes: a register tile of rows x (1 or 2 vectors) fed by one vector load and one broadcast per
-      # row each step, using half the register file for accumulators (1024² on AVX-512: 8x32 tile ~230 GFLOP/s, 1x128 ~95;
-      # 3x3 conv 64->64 at 56²: 16 output channels x 8 pixels ~200, 8 x 8 ~160)
-      width = next((w for w in (2 * lanes, lanes) if self.full_shape[axis] % w == 0), None)
-      if width is None and 8 < self.full_shape[axis] <= 2 * lanes and _upcast_steps(self.full_shape[axis], 16):
-        # a short row (a small conv's 20 or 24 pixels) is tiled whole, as a full vector plus a partial one
-        # (5x5 conv 32->32 on 24² images: 20 = 16 + 4 lanes x 8 channels ~230 GFLOP/s, 4 x 16 ~90)
-        width = self.full_shape[axis]
-      width = width or next((w for w in (8, 4) if self.full_shape[axis] % w == 0), None)
-      if width is None:
-        return False
-      regs = self.simd_registers
-      # registers per row: the strip folds into vectors of lanes, lanes/2, ... (20 -> 16 + 4: two)
-      vecs, left = 0, width
-      while left > 0:
-        left -= next(v for v in (lanes >> i for i in range(lanes.bit_length())) if 0 < v <= left)
-        vecs += 1
-      rows_amt = next((r for r in (16, 8, 4, 2) if rows and r * vecs <= regs // 2 and self.full_shape[rows[-1]] % r == 0), 1)
-    else:
-      width = next((w for w in (128, 64, 32, 16, 8) if self.full_shape[axis] % w == 0), None)
-      if width is None:
-        return False
-      rows_amt = next((r for r in (8, 4, 2) if width <= 16 and rows and self.full_shape[rows[-1]] % r == 0), 1)
-    try:
-      for step in _upcast_steps(width, 16 if lanes > 1 else 8) or []:
-        self.apply_opt(Opt(OptOps.UPCAST, axis, step))
-      if rows_amt > 1:
-        self.apply_opt(Opt(OptOps.UPCAST, rows[-1], rows_amt))
-      if lanes > 1 and rows and rows[-1] + 1 == axis and self.full_shape[rows[-1]] > 1 and self.full_shape[axis] > 1:
-        # (a matmul) column blocks outside row blocks: the vector input's panel stays in cache while the rows stream past
-        # it (2048² on AVX-512: ~190 -> ~235 GFLOP/s); a conv, whose rows are not next to its columns, gains nothing
-        # from it
-        self.apply_opt(Opt(OptOps.SWAP, rows[-1], axis))
-    except KernelOptError:
-      return bool(self.upcasted)
-    return True
-
-  def _cpu_column_reduce(self) -> bool:
-    """CPU reduce over a strided axis (`x.sum(0)`): upcast the output axis that every input reads with stride 1 to a
-    vector-register strip (True when applied). Each reduce step then loads whole vectors and adds them into vector
-    accumulators, instead of one strided scalar per output (4096² sum(0) on CLANG: ~1.3 -> ~60 GB/s)."""
-    lanes = self.simd_lanes
-    if lanes <= 1 or self.reduceop is None or self.first_reduce == 0 or self.upcasted or not all_int(self.full_shape):
-      return False
-    axis = self.first_reduce - 1
-    sts = [st.real_strides() for st in self.sts[:len(self.bufs)]]
-    moving = [s for s in sts[1:] if s[axis] != 0]
-    if sts[0][axis] != 1 or not moving or any(s[axis] != 1 for s in moving):
-      return False
-    # a reduce that some input walks with stride 1 is a row reduce: the vectorizable single-accumulator loop handles it
-    if any(s[r] == 1 for s in moving for r in range(self.first_reduce, self.first_upcast)):
-      return False
-    # as many vector accumulators as half the register file: each pass over the reduce axis touches one page per row,
-    # so wider strips mean fewer passes (4096² sum(0): 2 vectors ~20 GB/s, 8 ~48, 16 ~63)
-    vecs = self.simd_registers // 2
-    width = next((w for w in (vecs * lanes, 8 * lanes, 4 * lanes, 2 * lanes, lanes, 8, 4) if self.full_shape[axis] % w == 0), None)
-    if width is None:
-      return False
-    try:
-      for step in _upcast_steps(width, 16) or []:
-        self.apply_opt(Opt(OptOps.UPCAST, axis, step))
-    except KernelOptError:
-      return bool(self.upcasted)
-    return True
-
-  def _cpu_dot_tile(self) -> bool:
-    """CPU matmul whose inputs are both contiguous along the reduce (`x @ W.T`, a Linear layer): a tile of rows x cols
-    dot products, each a vector accumulator along the reduce (the reduce unrolls by one vector; the codegen keeps those
-    lanes in the accumulator and sums them once at the end). True when applied.
-
-    (GPT-2's 128x768 @ 768x2304ᵀ on AVX-512: 4x3 tile ~280 GFLOP/s, 4x2 ~260, the generic heuristic ~50; a 5x5 conv's
-    weight gradient, reduced over 20-wide rows, unrolls by 4: ~40 -> ~105.)"""
-    lanes = self.simd_lanes
-    if lanes <= 1 or self.reduceop is None or self.reduceop.op is not ReduceOps.SUM or len(self.reduceops) != 1 or self.upcasted or \
-        not all_int(self.full_shape) or self.first_reduce == 0:
-      return False
-    r = self.first_upcast - 1
-    unroll = next((u for u in (lanes, 8, 4) if u <= lanes and self.full_shape[r] % u == 0), None)
-    if not self._contiguous_reduce(r) or unroll is None:
-      return False
-    sts = [st.real_strides() for st in self.sts[1:len(self.bufs)]]
-    moving = [s for s in sts if s[r] == 1]
-    if len(moving) != 2:
-      return False
-    x, y = moving
-
-    def only(a: Any, b: Any) -> List[int]:  # output axes that a walks and b broadcasts over
-      return [i for i in range(self.first_reduce) if a[i] != 0 and b[i] == 0 and self.full_shape[i] > 1]
-    rows, cols = only(x, y), only(y, x)
-    if not cols:
-      rows, cols = cols, rows
-    if not cols:
-      return False
-    def pick(axes: List[int], amts: Tuple[int, ...]) -> Tuple[int, int]:  # (axis, amount): the innermost axis the amount divides
-      return next(((a, amt) for amt in amts for a in reversed(axes) if self.full_shape[a] % amt == 0), (-1, 1))
-    row_axis, row_amt = pick(rows, (4, 2))
-    col_axis, col_amt = pick(cols, (3, 2) if row_amt > 1 else (8, 4, 2))
-    try:
-      if row_amt > 1:
-        self.apply_opt(Opt(OptOps.UPCAST, row_axis, row_amt))
-      if col_amt > 1:
-        self.apply_opt(Opt(OptOps.UPCAST, col_axis, col_amt))
-      self.apply_opt(Opt(OptOps.UNROLL, r - self.first_reduce, unroll))
-    except KernelOptError:
-      return bool(self.upcasted)
-    return True
-
-  def _contiguous_reduce(self, axis: int) -> bool:
-    """Every input walks reduce `axis` unmasked, with stride 1 (or 0).
-
-    A CPU compiler vectorizes such a long reduce into one scalar accumulator by itself (the CLANG/LLVM renderers
-    license reassociating exactly those adds), using several vector accumulators. A 4-way UNROLL turns the body into a
-    float4 load plus a serial chain of scalar adds that blocks this, and upcasting the output axis gives several
-    scalar accumulators, which are not vectorized (sum of 2**24 floats on CLANG, 2 threads: ~6 -> ~35 GB/s)."""
-    ins = self.sts[1:len(self.bufs)]
-    return bool(ins) and all(isinstance(s := st.real_strides()[axis], int) and s in (0, 1) for st in ins)
-
   def hand_coded_optimizations(self) -> Kernel:
-    """A fast heuristic: grouping for big reduces, upcasts along broadcast axes, small-reduce unrolls, local sizes."""
+    """A fast heuristic for this kernel's opts: the required ones, then tensor cores when the renderer declares some that fit,
+    then the renderer's own heuristic (`Renderer.hand_coded_optimizations`, where a device keeps its hardware-specific
+    tuning), and when that declines, core's device-neutral one: grouping for big reduces, upcasts along broadcast axes,
+    small-reduce unrolls, local sizes."""
     self.required_optimizations()
     if self.apply_tensor_cores(int(USE_TC.value)):
+      return self
+    if self.opts.hand_coded_optimizations(self):
       return self
     # matvec: group the reduce, one thread per output row chunk
     if self.opts.has_local and self.opts.has_shared and len(self.reduceops) == 1 and self.reduceop is not None and \
@@ -708,72 +577,9 @@ class Kernel:
               pass
     if self.group_for_reduces:
       return self
-    if not self.opts.has_local and (self._cpu_output_strip() or self._cpu_column_reduce() or self._cpu_dot_tile()):
-      return self
-    # upcast along axes some buffer broadcasts over (reuse), until 32 values per thread
-    upcasted_axis = set()
-    # a constant "broadcasts" along every axis but is no reuse worth registers; on a SIMD CPU it would only cut the
-    # vector width of an elementwise kernel to the 4 this loop picks
-    simd_cpu = not self.opts.has_local and self.simd_lanes > 0
-    reuse = [i for i in range(len(self.sts)) if not (simd_cpu and i < len(self.bufs) and isinstance(self.bufs[i], ConstBuffer))]
-    while _size_hint(self.sts[0].shape[:self.first_reduce]) >= 1024:
-      xb_choices = []
-      for axis, upcast_amount in itertools.product(range(self.first_reduce), [3, 4]):
-        if axis not in upcasted_axis and _divides(upcast_amount, self.full_shape[axis]) and \
-            any(_is_zero(self.sts[buf_index].views[-1].strides[axis]) and not any(_is_zero(x[1]) for x in self.upcasted_axis(buf_index))
-                for buf_index in reuse):
-          # rank by how many buffers move along the axis, then by how far (a symbolic stride counts as moving, by its upper bound)
-          strides = [st.views[-1].strides[axis] for st in self.sts]
-          xb_choices.append((sum(int(not isinstance(x, int) or x > 0) for x in strides), sum(_upper(x) for x in strides), axis, upcast_amount))
-      if xb_choices:
-        xb_choices = sorted(xb_choices)
-        try:
-          self.apply_opt(Opt(OptOps.UPCAST, xb_choices[0][2], xb_choices[0][3]))
-        except KernelOptError:
-          break
-        upcasted_axis.add(xb_choices[0][2])
-      else:
-        break
-    # a long contiguous reduce on a CPU is left as a plain loop with one accumulator, which the compiler vectorizes
-    vector_reduce = not self.opts.has_local and self.upcasted == 0 and self.first_reduce < self.first_upcast and \
-        all(r.op is ReduceOps.SUM for r in self.reduceops) and \
-        _upper(self.full_shape[self.first_upcast - 1]) > 32 and self._contiguous_reduce(self.first_upcast - 1)
-    # unroll small reduces (or the last 4 of one)
-    if self.first_reduce < self.first_upcast and (prod(self.full_shape[self.first_upcast:]) <= 4 or
-                                                   not any(r for _, _, r in self.upcasted_axis(self.full_buf_index))) and \
-        (self.upcasted == 0 or prod(self.full_shape[-self.upcasted:]) < 64):
-      s = self.full_unupcasted_shape[-1]
-      if isinstance(s, int) and s <= 32:
-        try:
-          self.apply_opt(Opt(OptOps.UNROLL, len(self.full_unupcasted_shape) - 1 - self.first_reduce, 0))
-          if self.first_reduce < self.first_upcast and isinstance(s2 := self.full_unupcasted_shape[-1], int) and s2 <= 3:
-            self.apply_opt(Opt(OptOps.UNROLL, len(self.full_unupcasted_shape) - 1 - self.first_reduce, 0))
-        except KernelOptError:
-          pass
-      elif not vector_reduce:
-        # on a SIMD CPU a long contiguous reduce unrolls by one vector: the codegen keeps those lanes in a vector accumulator
-        lanes = self.simd_lanes
-        lane_reduce = not self.opts.has_local and lanes > 1 and self.upcasted == 0 and isinstance(s, int) and s % lanes == 0 and \
-            self._contiguous_reduce(self.first_upcast - 1)
-        for splits in ([lanes] if lane_reduce else [4]):
-          if isinstance(s, int) and s % splits == 0:
-            try:
-              self.apply_opt(Opt(OptOps.UNROLL, len(self.full_unupcasted_shape) - 1 - self.first_reduce, splits))
-            except KernelOptError:
-              pass
-            break
-    # no upcast yet: upcast a contiguous output axis by 4 (by one vector register on a SIMD CPU, when the output is
-    # contiguous there: the codegen then computes whole vectors)
-    if self.upcasted == 0 and self.first_reduce > 0 and _divides(4, self.full_shape[self.first_reduce - 1]) and \
-        _size_hint(self.sts[0].shape[:self.first_reduce]) >= 64 and not vector_reduce:
-      amt, lanes = 4, self.simd_lanes
-      if not self.opts.has_local and lanes > 4 and _divides(lanes, self.full_shape[self.first_reduce - 1]) and \
-          self.sts[0].real_strides()[self.first_reduce - 1] == 1:
-        amt = lanes
-      try:
-        self.apply_opt(Opt(OptOps.UPCAST, self.first_reduce - 1, amt))
-      except KernelOptError:
-        pass
+    self.upcast_reused_axes()
+    self.unroll_reduce()
+    self.upcast_output()
     # local groups
     if self.opts.has_local:
       local_axis_ranking = [(any(_is_zero(st.views[-1].strides[axis]) for st in self.sts), axis) for axis in range(self.first_reduce)]
@@ -796,6 +602,60 @@ class Kernel:
         if will_delete_shape:
           deleted_shape += 1
     return self
+
+  def upcast_reused_axes(self, skip_consts: bool = False) -> None:
+    """Upcast (by 3 or 4) output axes that some buffer broadcasts over, so that each loaded value is reused from a register,
+    while the kernel has 1024 or more outputs. With skip_consts a constant's broadcast does not count as reuse (a device
+    whose vector width that upcast would cut says so). A heuristic step, for core's and a device's heuristics."""
+    upcasted_axis = set()
+    reuse = [i for i in range(len(self.sts)) if not (skip_consts and i < len(self.bufs) and isinstance(self.bufs[i], ConstBuffer))]
+    while _size_hint(self.sts[0].shape[:self.first_reduce]) >= 1024:
+      xb_choices = []
+      for axis, upcast_amount in itertools.product(range(self.first_reduce), [3, 4]):
+        if axis not in upcasted_axis and _divides(upcast_amount, self.full_shape[axis]) and \
+            any(_is_zero(self.sts[buf_index].views[-1].strides[axis]) and not any(_is_zero(x[1]) for x in self.upcasted_axis(buf_index))
+                for buf_index in reuse):
+          # rank by how many buffers move along the axis, then by how far (a symbolic stride counts as moving, by its upper bound)
+          strides = [st.views[-1].strides[axis] for st in self.sts]
+          xb_choices.append((sum(int(not isinstance(x, int) or x > 0) for x in strides), sum(_upper(x) for x in strides), axis, upcast_amount))
+      if not xb_choices:
+        break
+      xb_choices = sorted(xb_choices)
+      try:
+        self.apply_opt(Opt(OptOps.UPCAST, xb_choices[0][2], xb_choices[0][3]))
+      except KernelOptError:
+        break
+      upcasted_axis.add(xb_choices[0][2])
+
+  def unroll_reduce(self, long_unroll: int = 4) -> None:
+    """Unroll a small last reduce axis whole (twice when what is left is tiny); a longer one by long_unroll when that divides
+    it (0: leave it rolled). Nothing when upcasts already hold 64 or more values. A heuristic step, like upcast_reused_axes."""
+    if self.first_reduce < self.first_upcast and (prod(self.full_shape[self.first_upcast:]) <= 4 or
+                                                   not any(r for _, _, r in self.upcasted_axis(self.full_buf_index))) and \
+        (self.upcasted == 0 or prod(self.full_shape[-self.upcasted:]) < 64):
+      s = self.full_unupcasted_shape[-1]
+      if isinstance(s, int) and s <= 32:
+        try:
+          self.apply_opt(Opt(OptOps.UNROLL, len(self.full_unupcasted_shape) - 1 - self.first_reduce, 0))
+          if self.first_reduce < self.first_upcast and isinstance(s2 := self.full_unupcasted_shape[-1], int) and s2 <= 3:
+            self.apply_opt(Opt(OptOps.UNROLL, len(self.full_unupcasted_shape) - 1 - self.first_reduce, 0))
+        except KernelOptError:
+          pass
+      elif long_unroll and _divides(long_unroll, s):
+        try:
+          self.apply_opt(Opt(OptOps.UNROLL, len(self.full_unupcasted_shape) - 1 - self.first_reduce, long_unroll))
+        except KernelOptError:
+          pass
+
+  def upcast_output(self, amt: int = 4) -> None:
+    """When nothing is upcast yet and the kernel has 64 or more outputs, upcast the last output axis by amt (if amt divides
+    it), so each thread computes several neighbouring outputs. A heuristic step, like upcast_reused_axes."""
+    if self.upcasted == 0 and self.first_reduce > 0 and _divides(amt, self.full_shape[self.first_reduce - 1]) and \
+        _size_hint(self.sts[0].shape[:self.first_reduce]) >= 64:
+      try:
+        self.apply_opt(Opt(OptOps.UPCAST, self.first_reduce - 1, amt))
+      except KernelOptError:
+        pass
 
   # *** lowering ***
 
@@ -828,18 +688,17 @@ class Kernel:
       return ret
     return LazyOp(MetaOps.KERNEL, tuple(fixup(s) for s in self.ast.src), KernelInfo(self.local_dims, self.upcasted, self.dont_use_locals))
 
-  def linearize(self, extra_pm: Any = None) -> Kernel:
+  def linearize(self, extra_pm: Optional[PatternMatcher] = None) -> Kernel:
     """Lower and linearize into self.uops (a UOpGraph)."""
-    from tiny.codegen.lowerer import lazyop_to_uop
     if DEBUG >= 3:
       print(self.colored_shape(), self.applied_opts)
     sink = lazyop_to_uop(self.get_optimized_ast(), self.opts, self.group_for_reduces, self.tensor_core)
     self.uops = UOpGraph(sink, self.opts).linearize(extra_pm)
     return self
 
-  def to_program(self, name_override: Optional[str] = None) -> Any:
+  def to_program(self, name_override: Optional[str] = None) -> Program:
     """Linearize and render with the kernel's renderer."""
-    from tiny.renderer import Program
+    from tiny.renderer import Program   # the renderer layer is above codegen
     self.linearize()
     assert self.uops is not None
     uops = self.uops.uops

@@ -10,18 +10,21 @@ from __future__ import annotations
 
 import functools
 import itertools
-from typing import Any, Dict, List, Optional, Sequence, Tuple, cast
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, cast
 
 from tiny.dtype import DType, PtrDType, dtypes
 from tiny.helpers import prod
 from tiny.ops import BinaryOps, BufferOps, ConstBuffer, KernelInfo, LazyOp, MemBuffer, MetaOps, ReduceOps, TernaryOps, UnaryOps
 from tiny.codegen.uops import UOp, UOps
+from tiny.shape.symbolic import AndNode, DivNode, LtNode, ModNode, MulNode, NumNode, SumNode, Variable
+
+if TYPE_CHECKING:
+  from tiny.renderer import Renderer, TensorCore
 
 IDX = dtypes.int32
 
 
 def _render_table() -> Dict[type, Any]:
-  from tiny.shape.symbolic import AndNode, DivNode, LtNode, ModNode, MulNode, NumNode, SumNode, Variable
 
   def sub(b: Any, ops: Any, ctx: Any) -> UOp:
     return UOp.const(IDX, b) if isinstance(b, int) else b.render(ops, ctx)
@@ -47,6 +50,16 @@ def sym_to_uop(x: Any, ctx: Optional[Dict[str, UOp]] = None) -> UOp:
   if isinstance(x, int):
     return UOp.const(IDX, x)
   return x.render(_render_table(), ctx or {})
+
+
+def grouped_dim_sizes(sizes: Sequence[Any], max_count: int, reverse: bool = False) -> List[Any]:
+  """The size of each SPECIAL that get_grouped_dims makes from sizes: the leading dims merged down to max_count, in
+  launch order (reversed for reverse=True). The kernel optimizer checks launch limits on these."""
+  if not sizes:
+    return []
+  cut = max(1, len(sizes) - max_count + 1)
+  out = [prod(sizes[:cut]), *sizes[cut:]]
+  return out[::-1] if reverse else out
 
 
 def get_grouped_dims(prefix: str, start_dim: int, sizes: Sequence[Any], max_count: int, reverse: bool = False) -> Tuple[List[UOp], List[UOp]]:
@@ -77,7 +90,7 @@ def get_grouped_dims(prefix: str, start_dim: int, sizes: Sequence[Any], max_coun
 class Lowerer:
   """Builds the UOp graph of one kernel AST."""
 
-  def __init__(self, ast: LazyOp, opts: Any, group_for_reduces: int = 0, tensor_core: Any = None) -> None:
+  def __init__(self, ast: LazyOp, opts: Renderer, group_for_reduces: int = 0, tensor_core: Optional[TensorCore] = None) -> None:
     if ast.op is not MetaOps.KERNEL:
       raise ValueError(f"lowering needs a KERNEL LazyOp, got {ast.op}")
     self.ast, self.opts = ast, opts
@@ -101,15 +114,15 @@ class Lowerer:
     self._vars = {a: self._var(a) for a in range(self.shape_len)}
     self.tc = tensor_core
     if self.tc is not None:
-      from tiny.runtime.ops_python import _wmma_layout  # the register layouts of each tensor core (shared with the emulator)
-      self.tc_arg = (str(self.tc), tuple(self.tc.dims), self.tc.dtype_in, self.tc.dtype_out, getattr(opts, "device", ""), self.tc.num_threads())
-      self.tc_layout = _wmma_layout(self.tc_arg)
+      # the register layouts come with the TensorCore (its device declares them); the WMMA uop carries them on for the emulator
+      self.tc_layout = self.tc.register_layout()
+      self.tc_warp = self.tc.num_threads()
+      self.tc_arg = (str(self.tc), tuple(self.tc.dims), self.tc.dtype_in, self.tc.dtype_out, getattr(opts, "device", ""), self.tc_warp)
       self.tc_axes = (self.first_upcasted, self.first_upcasted + 1, self.first_upcasted + 2)
       if self.ki.upcasted < 3 or self.group:
         raise ValueError("a tensor-core kernel keeps its N, M, K tile as the first three upcasted axes")
 
   def _var(self, a: int) -> Any:
-    from tiny.shape.symbolic import NumNode, Variable
     s = self.full_shape[a]
     hi = s - 1 if isinstance(s, int) else s.max - 1
     return Variable(f"_uidx{a}", 0, hi) if (not isinstance(hi, int) or hi > 0) else NumNode(0)
@@ -131,7 +144,7 @@ class Lowerer:
           # lidx0 is the lane inside the warp: the threads that share one tensor-core instruction
           if len(lsizes) > 2:
             raise ValueError("tensor-core kernels allow at most two local dims")
-          li, _ = get_grouped_dims("lidx", 0, [self.tc_layout.warp] + lsizes, 3)
+          li, _ = get_grouped_dims("lidx", 0, [self.tc_warp] + lsizes, 3)
           self.lane, li = li[0], li[1:]
         else:
           li, _ = get_grouped_dims("lidx", 0, lsizes, 3)
@@ -161,11 +174,12 @@ class Lowerer:
 
   def _layout_expand(self, operand: str, coord: int) -> UOp:
     """An EXPAND over the registers of a tensor-core operand, giving row (coord 0) or column (coord 1) per register."""
-    lay = self.tc_layout
-    fxn, count, vaxis = {"a": (lay.a, lay.sizes[0], 10001), "b": (lay.b, lay.sizes[1], 10002), "c": (lay.c, lay.sizes[2], 10003)}[operand]
+    i = "abc".index(operand)
+    lay, vaxis = self.tc_layout[i], 10001 + i
+    count = lay.count
     vals = []
     for e in range(count):
-      v = cast(Any, fxn)(self.lane, e)[coord]
+      v = lay.coords(self.lane, e)[coord]
       vals.append(v if isinstance(v, UOp) else UOp.const(IDX, v))
     return UOp(UOps.EXPAND, IDX, tuple(vals), ((vaxis, count),))
 
@@ -288,7 +302,8 @@ class Lowerer:
 
   def tc_reduce(self, x: LazyOp, idxs: List[UOp]) -> UOp:
     """The tensor-core SUM: each lane loads its A and B registers, one WMMA per step of the outer K loop accumulates C."""
-    tc, lay = self.tc, self.tc_layout
+    tc = self.tc
+    assert tc is not None, "tc_reduce runs only for a kernel with a tensor core"
     n_ax, m_ax, k_ax = self.tc_axes
     ranges = []
     base = list(idxs)
@@ -308,19 +323,16 @@ class Lowerer:
     ctx_a, ctx_b = list(base), list(base)
     ctx_a[m_ax], ctx_a[k_ax], ctx_a[n_ax] = self._layout_expand("a", 0), self._layout_expand("a", 1), UOp.const(IDX, 0)
     ctx_b[k_ax], ctx_b[n_ax], ctx_b[m_ax] = self._layout_expand("b", 0), self._layout_expand("b", 1), UOp.const(IDX, 0)
-    na, nb, nc = lay.sizes
+    na, nb, nc = (x.count for x in self.tc_layout)
     av = UOp(UOps.CONTRACT, tc.dtype_in.vec(na), (self.to_uop(a_src, ctx_a),), ((10001, na),))
     bv = UOp(UOps.CONTRACT, tc.dtype_in.vec(nb), (self.to_uop(b_src, ctx_b),), ((10002, nb),))
     out_dt = tc.dtype_out.vec(nc)
-    arg = self.tc_arg + ((((10001, na),), ((10002, nb),), ((10003, nc),)), ())
+    arg = self.tc_arg + ((((10001, na),), ((10002, nb),), ((10003, nc),)), (), tc.layout)
     w = UOp(UOps.WMMA, out_dt, (av, bv, UOp.const(out_dt, 0)), arg)
     red = UOp(UOps.REDUCE, out_dt, (w, *ranges), BinaryOps.ADD) if ranges else w
     return UOp(UOps.EXPAND, tc.dtype_out, tuple(red.gep(e) for e in range(nc)), ((10003, nc),))
 
 
-def lazyop_to_uop(ast: LazyOp, opts: Any, group_for_reduces: int = 0, tensor_core: Any = None) -> UOp:
+def lazyop_to_uop(ast: LazyOp, opts: Renderer, group_for_reduces: int = 0, tensor_core: Optional[TensorCore] = None) -> UOp:
   """The SINK of the uop graph of a kernel AST (KernelInfo in ast.arg); tensor_core: the TensorCore placed by Opt(OptOps.TC)."""
   return Lowerer(ast, opts, group_for_reduces, tensor_core).lower()
-
-
-ast_to_uop = lazyop_to_uop

@@ -25,7 +25,7 @@ meaning of each op in the linearized list:
 | VECTORIZE | vector dtype | scalar elements | None |
 | GEP | scalar dtype | (vector,) | element index: int |
 | PHI | acc dtype | (DEFINE_ACC, new value) | None — `acc = new value` inside the loop |
-| WMMA | output vector dtype | (a, b, c) | (name, dims, dtype_in, dtype_out, device, threads, upcast_axes, reduce_axes) |
+| WMMA | output vector dtype | (a, b, c) | (name, dims, dtype_in, dtype_out, device, threads, upcast_axes, reduce_axes, layout) |
 | SINK | None | all STOREs | KernelInfo or None — only before linearization |
 
 EXPAND, CONTRACT, REDUCE, VAR and NOOP exist only before linearization (the expander and the
@@ -41,9 +41,9 @@ Ordering rules of the linearized list (codegen helper):
 - Global/local dims are SPECIALs when the renderer has_local, else non-reduce RANGEs (axis < 1000,
   arg[1] False) that enclose the whole kernel body; reduce loops have arg[1] True.
 - WMMA (from Opt(OptOps.TC)): arg = (name, dims (N, M, K), dtype_in, dtype_out, device, threads: int (lanes per
-  instruction), upcast_axes ((A axes), (B axes), (C axes)), reduce_axes ()). src = (A registers, B registers,
-  accumulator) as vectors; register e of lane L holds the element the device's layout assigns to (L, e)
-  (tiny.runtime.ops_python.WMMA_LAYOUTS). lidx0 is the lane (a SPECIAL of size `threads`). Inside the K loop
+  instruction), upcast_axes ((A axes), (B axes), (C axes)), reduce_axes (), layout (the TensorCore's RegisterLayouts of
+  A, B, C)). src = (A registers, B registers, accumulator) as vectors; register e of lane L holds the element the layout
+  assigns to (L, e) (RegisterLayout.coords). lidx0 is the lane (a SPECIAL of size `threads`). Inside the K loop
   the WMMA's third source is the DEFINE_ACC and its PHI writes the result back (acc = wmma(a, b, acc)).
 """
 from __future__ import annotations
@@ -57,7 +57,7 @@ from enum import Enum, auto
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from tiny.dtype import ConstType, DType, dtypes
-from tiny.ops import BinaryOps, TernaryOps, UnaryOps, exec_alu
+from tiny.ops import BinaryOps, TernaryOps, UnaryOps
 
 # deep expression chains (unrolled reduces) recurse once per node
 sys.setrecursionlimit(max(sys.getrecursionlimit(), 20000))
@@ -78,9 +78,6 @@ class UOps(Enum):
 
 
 COMMUTATIVE = {BinaryOps.ADD, BinaryOps.MUL, BinaryOps.MAX, BinaryOps.CMPNE, BinaryOps.XOR, BinaryOps.AND, BinaryOps.OR}
-END_FOR_UOP = {UOps.IF: (UOps.STORE, UOps.ENDIF), UOps.RANGE: (UOps.PHI, UOps.ENDRANGE)}
-
-
 _CONST_CONV: Dict[DType, Callable[[Any], Any]] = {**{d: int for d in (dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64, dtypes.uint8,
                                                                      dtypes.uint16, dtypes.uint32, dtypes.uint64)},
                                                   **{d: float for d in (dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64)},
@@ -200,11 +197,6 @@ class UOp:
   def vars(self) -> List[Any]:
     """The Variables of the DEFINE_VARs under this uop, sorted by name."""
     return sorted({x.arg for x in self.sparents if x.op is UOps.DEFINE_VAR}, key=lambda v: v.expr)
-
-  @functools.cached_property
-  def cmp_tuple(self) -> Tuple[Any, ...]:
-    # a total order used to break ties when linearizing
-    return (self.op.value, str(self.arg) if self.op is not UOps.ALU else self.arg.value, str(self.dtype))
 
   def __repr__(self) -> str:
     return pretty_uop(self)
@@ -540,17 +532,3 @@ def uop_const_value(u: UOp) -> Optional[ConstType]:
   if u.op is UOps.VECTORIZE and u.src and all(s is u.src[0] for s in u.src) and u.src[0].op is UOps.CONST:
     return u.src[0].arg
   return None
-
-
-def fold_alu(arg: Any, dtype: DType, vals: Sequence[Any]) -> Any:
-  """exec_alu on constants (the single source of constant-folding semantics)."""
-  return exec_alu(arg, dtype, list(vals))
-
-
-def __getattr__(name: str) -> Any:
-  # UOpGraph lives with the rewrite rules; importing it here lazily avoids an import cycle
-  if name in ("UOpGraph", "flops_mem"):
-    from tiny.codegen import uopgraph
-    return getattr(uopgraph, name)
-  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-

@@ -17,8 +17,11 @@ from typing import Any, Callable, Dict, Generic, Iterator, List, Optional, Seque
 from tiny.device import Buffer, Compiled
 from tiny.dtype import DType
 from tiny.helpers import DEBUG, JIT, GlobalCounters, colored, merge_dicts
-from tiny.engine.realize import CompiledRunner, ExecItem, Runner, capturing
-from tiny.engine.schedule import _internal_memory_planner
+from tiny.engine.realize import CompiledRunner, ExecItem, Runner, capturing, run_schedule
+from tiny.engine.schedule import _internal_memory_planner, create_schedule_with_vars
+from tiny.lazy import LazyBuffer, create_lazybuffer
+from tiny.ops import MetaOps
+from tiny.registry import Device
 from tiny.shape.shapetracker import ShapeTracker
 from tiny.shape.symbolic import Variable, sint
 
@@ -65,7 +68,6 @@ class GraphRunner(Runner):
 
 def apply_graph_to_jit(jit_cache: List[ExecItem], input_rawbuffers: List[Buffer], var_vals: Dict[Variable, int]) -> List[ExecItem]:
   """Group consecutive compiled kernels of one device into that device's graph executor (when it has one)."""
-  from tiny.registry import Device
   graphed: List[ExecItem] = []
   batch: List[ExecItem] = []
   batch_dev: Optional[Compiled] = None
@@ -113,8 +115,6 @@ def _tensors_in(x: Any) -> List[Any]:
 
 
 def _realize(tensors: Sequence[Any]) -> None:
-  from tiny.engine.realize import run_schedule
-  from tiny.engine.schedule import create_schedule_with_vars
   lbs = [t.lazydata for t in tensors]
   if lbs:
     sched, var_vals = create_schedule_with_vars(lbs)
@@ -293,8 +293,6 @@ class TinyJit(Generic[ReturnType]):
   def _rebuild_value(self, x: Any, swap: Dict[int, Buffer], inputs: List[Any], counter: Iterator[int]) -> Any:
     # a method, not a recursive closure: a closure that refers to itself is a reference cycle, which would keep every
     # call's output buffers alive until the garbage collector runs (and the next call could not reuse them)
-    from tiny.lazy import LazyBuffer, create_lazybuffer
-    from tiny.ops import MetaOps
     from tiny.tensor import Tensor
     if isinstance(x, Tensor):
       k = next(counter)

@@ -12,15 +12,17 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, Generator, List, Optional, Tuple
 
 from tiny import plugins
+from tiny.codegen.kernel import Kernel
 from tiny.device import Buffer, Compiled
+from tiny.engine.schedule import ScheduleItem
 from tiny.helpers import BEAM, CAPTURING, DEBUG, NOOPT, GlobalCounters, Metadata, ansilen, colored, getenv, to_function_name
 from tiny.ops import LazyOp, MetaOps
+from tiny.registry import Device
 from tiny.renderer import Program, Renderer
 from tiny.shape.symbolic import Variable, sym_infer
 
 
 def _device(name: str) -> Compiled:
-  from tiny.registry import Device
   return Device[name]
 
 
@@ -139,15 +141,14 @@ class BufferXfer(BufferCopy):
 
 # **************** kernels: optimize, compile, cache ****************
 
-def get_kernel(renderer: Renderer, ast: LazyOp) -> Any:
+def get_kernel(renderer: Renderer, ast: LazyOp) -> Kernel:
   """The optimized Kernel for ast: hand-coded heuristics (which try tensor cores first), or BEAM search when BEAM>=1.
 
   NOOPT keeps only the opts a kernel needs to be correct."""
-  from tiny.codegen.kernel import Kernel
   if NOOPT:
     return Kernel(ast, opts=renderer).required_optimizations()
   if BEAM >= 1:
-    from tiny.engine.search import beam_search, bufs_from_lin
+    from tiny.engine.search import beam_search, bufs_from_lin   # search times kernels with this module's runners: it imports us
     kb = Kernel(ast, opts=renderer).required_optimizations()
     hc = Kernel(ast, opts=renderer).hand_coded_optimizations()
     return beam_search(kb, bufs_from_lin(kb, allocate=False), BEAM.value, bool(getenv("BEAM_ESTIMATE", 1)), starts=[hc])
@@ -236,7 +237,7 @@ def _debug_line(ei: ExecItem, et: Optional[float], op_est: float, mem_est: float
   return line
 
 
-def lower_schedule_item(si: Any) -> ExecItem:
+def lower_schedule_item(si: ScheduleItem) -> ExecItem:
   """The ExecItem that performs one ScheduleItem."""
   if si.ast.op is MetaOps.KERNEL:
     if len({x.device for x in si.bufs}) > 1:
@@ -259,7 +260,7 @@ def lower_schedule_item(si: Any) -> ExecItem:
   raise RuntimeError(f"don't know how to lower {si.ast.op}")
 
 
-def lower_schedule(schedule: List[Any]) -> Generator[ExecItem, None, None]:
+def lower_schedule(schedule: List[ScheduleItem]) -> Generator[ExecItem, None, None]:
   """Lower items one at a time (popping them from schedule, so buffers are released as we go)."""
   while len(schedule):
     si = schedule.pop(0)
@@ -301,7 +302,7 @@ capturing = _PerThreadList()
 realize_lock = threading.RLock()
 
 
-def run_schedule(schedule: List[Any], var_vals: Optional[Dict[Variable, int]] = None, do_update_stats: bool = True) -> None:
+def run_schedule(schedule: List[ScheduleItem], var_vals: Optional[Dict[Variable, int]] = None, do_update_stats: bool = True) -> None:
   """Run every item of schedule in order (consumes the list)."""
   for ei in lower_schedule(schedule):
     if len(capturing) and CAPTURING:

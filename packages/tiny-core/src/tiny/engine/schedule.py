@@ -20,9 +20,10 @@ from typing import DefaultDict, Dict, List, Optional, Sequence, Set, Tuple, Unio
 
 from tiny.device import Buffer
 from tiny.dtype import ImageDType
-from tiny.helpers import DEBUG, MULTIOUTPUT, Metadata, all_int, colored, dedup, getenv, merge_dicts, prod
+from tiny.helpers import DEBUG, MULTIOUTPUT, Metadata, all_int, dedup, getenv, merge_dicts, prod
 from tiny.lazy import LazyBuffer
 from tiny.ops import UNSAFE_PAD_OPS, BufferOps, ConstBuffer, LazyOp, MemBuffer, MetaOps, ReduceOps, UnaryOps
+from tiny.registry import Device
 from tiny.shape.shapetracker import ShapeTracker
 from tiny.shape.symbolic import Variable
 
@@ -419,7 +420,6 @@ def _internal_memory_planner(buffers: List[Union[List[Buffer], Tuple[Buffer, ...
         first.setdefault(b.base, i)
         last[b.base] = i
 
-  from tiny.registry import Device
   free_segs: DefaultDict[Tuple, List[Tuple[int, int, Buffer]]] = defaultdict(list)
 
   def find_replacement(b: Buffer, st: int, en: int) -> Buffer:
@@ -461,9 +461,3 @@ def memory_planner(schedule: List[ScheduleItem]) -> List[ScheduleItem]:
   assigned = _internal_memory_planner([si.bufs for si in schedule], noopt_buffers=noopt)
   return [ScheduleItem(si.ast, tuple(assigned.get(x, x) for x in si.bufs), si.metadata) for si in schedule]
 
-
-def print_schedule(schedule: List[ScheduleItem]) -> None:
-  """A one-line-per-item summary (for debugging)."""
-  for i, si in enumerate(schedule):
-    kind = colored("kernel", "green") if si.ast.op is MetaOps.KERNEL else colored(str(si.ast.op), "yellow")
-    print(f"{i:3d} {kind} outs={[b.size for b in si.outputs]} ins={[b.size for b in si.inputs]}")

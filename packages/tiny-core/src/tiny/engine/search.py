@@ -15,18 +15,21 @@ import time
 from collections import defaultdict
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from tiny.codegen.kernel import Kernel, KernelOptError, Opt, OptOps
 from tiny.device import Buffer, CompileError
+from tiny.engine.realize import CompiledRunner
 from tiny.helpers import DEBUG, CACHELEVEL, diskcache_get, diskcache_put, getenv, prod, tqdm
 from tiny.ops import BufferOps, LazyOp
+from tiny.registry import Device
+from tiny.renderer import Program, Renderer
 from tiny.shape.symbolic import Variable, _imax
 
 # how often each stage ran, for tests and for DEBUG output
 search_stats: Dict[str, int] = defaultdict(int)
 
 
-def _actions() -> List[Any]:
+def _actions() -> List[Opt]:
   """The single optimizations a search step may add (invalid ones are filtered per kernel)."""
-  from tiny.codegen.kernel import Opt, OptOps
   acts = [Opt(OptOps.UPCAST, axis, amt) for amt in (0, 2, 3, 4, 5, 7, 8) for axis in range(6)]
   acts += [Opt(OptOps.UNROLL, axis, amt) for amt in (0, 2, 4, 8) for axis in range(5)]
   acts += [Opt(OptOps.LOCAL, axis, amt) for amt in (2, 3, 4, 8, 13, 16, 29, 32) for axis in range(5)]
@@ -40,20 +43,19 @@ def _actions() -> List[Any]:
 
 
 @functools.lru_cache(None)
-def actions() -> Tuple[Any, ...]:
+def actions() -> Tuple[Opt, ...]:
   return tuple(_actions())
 
 
-def _upcast_size(k: Any) -> int:
+def _upcast_size(k: Kernel) -> int:
   full = getattr(k, "full_shape", ())
   upcasted = getattr(k, "upcasted", 0)
   return int(prod(full[len(full) - upcasted:])) if upcasted else 1
 
 
-def get_kernel_actions(lin: Any, include_0: bool = True) -> Dict[int, Any]:
+def get_kernel_actions(lin: Kernel, include_0: bool = True) -> Dict[int, Kernel]:
   """{action index: kernel with that action applied} for every action valid on lin (0 = lin itself)."""
-  from tiny.codegen.kernel import KernelOptError
-  acted: Dict[int, Any] = {0: lin} if include_0 else {}
+  acted: Dict[int, Kernel] = {0: lin} if include_0 else {}
   max_up = getenv("BEAM_UPCAST_MAX", 256)
   for i, a in enumerate(actions()):
     lin2 = lin.copy()
@@ -73,7 +75,7 @@ def _membufs(ast: LazyOp) -> List[Any]:
   return [op.arg for op in ast.lazyops if op.op in (BufferOps.LOAD, BufferOps.STORE)]
 
 
-def bufs_from_lin(lin: Any, allocate: bool = True) -> List[Buffer]:
+def bufs_from_lin(lin: Kernel, allocate: bool = True) -> List[Buffer]:
   """Buffers of the right sizes and dtypes to run lin on (scratch data, for timing)."""
   by_idx: Dict[int, List[Any]] = defaultdict(list)
   for mb in _membufs(lin.ast):
@@ -99,28 +101,27 @@ def _var_vals(ast: LazyOp) -> Dict[Variable, int]:
   return {v: (int(v.min) + _imax(v.max)) // 2 for v in ast.vars()}
 
 
-def _compile(args: Tuple[LazyOp, Tuple[Any, ...], str, Any]) -> Optional[Tuple[Any, bytes]]:
-  """Worker: rebuild the kernel from its AST and opts, render and compile it. None when it fails."""
+def _compile(args: Tuple[LazyOp, Tuple[Opt, ...], str, Renderer]) -> Tuple[Optional[Tuple[Program, bytes]], Optional[str]]:
+  """Worker: rebuild the kernel from its AST and opts, render and compile it: ((program, binary), None), or (None, why not).
+
+  The reason comes back as text because this runs in a pool worker: the search counts and reports the failures."""
   ast, opts, dname, renderer = args
-  from tiny.codegen.kernel import Kernel
-  from tiny.registry import Device
   try:
     k = Kernel(ast, opts=renderer)
     for o in opts:
       k.apply_opt(o)
     p = k.to_program()
-    return p, Device[dname].compiler.compile(p.src)
-  except CompileError:
-    return None
-  except Exception as e:  # a candidate the codegen cannot handle is just not a candidate
+    return (p, Device[dname].compiler.compile(p.src)), None
+  except CompileError as e:
+    return None, f"{opts}: {type(e).__name__}: {e}"
+  except Exception as e:  # a candidate the codegen cannot handle is not a candidate; beam_search reports how many there were
     if DEBUG >= 3:
       print(f"BEAM candidate {opts} failed: {type(e).__name__}: {e}")
-    return None
+    return None, f"{opts}: {type(e).__name__}: {e}"
 
 
-def time_program(p: Any, lib: bytes, var_vals: Dict[Variable, int], rawbufs: List[Buffer], cnt: int = 3, early_stop: float = math.inf) -> float:
+def time_program(p: Program, lib: bytes, var_vals: Dict[Variable, int], rawbufs: List[Buffer], cnt: int = 3, early_stop: float = math.inf) -> float:
   """Best of cnt timed runs of a compiled program on rawbufs (outputs are scratch)."""
-  from tiny.engine.realize import CompiledRunner
   car = CompiledRunner(p, precompiled=lib)
   bufs = [rawbufs[i if isinstance(i, int) else i[0]] for i in p.globals]
   times = []
@@ -133,14 +134,13 @@ def time_program(p: Any, lib: bytes, var_vals: Dict[Variable, int], rawbufs: Lis
   return min(times)
 
 
-def _cache_key(lin: Any, amt: int, dname: str) -> Dict[str, Any]:
+def _cache_key(lin: Kernel, amt: int, dname: str) -> Dict[str, Any]:
   return {"ast": lin.ast.key.hex() if isinstance(lin.ast.key, bytes) else str(lin.ast.key), "amt": amt, "device": dname}
 
 
-def _from_cache(lin: Any, cached: Any) -> Any:
+def _from_cache(lin: Kernel, cached: Any) -> Optional[Kernel]:
   """lin with the cached opts ([op name, axis, amt] rows) applied; None when there are none or they do not replay
   (another version's entry): then the search runs again and overwrites it."""
-  from tiny.codegen.kernel import KernelOptError, Opt, OptOps
   if not isinstance(cached, list):
     return None
   try:
@@ -166,8 +166,8 @@ def _pool() -> Any:
     return None
 
 
-def beam_search(lin: Any, rawbufs: List[Buffer], amt: int, allow_test_size: bool = True, dname: Optional[str] = None,
-                starts: Sequence[Any] = ()) -> Any:
+def beam_search(lin: Kernel, rawbufs: List[Buffer], amt: int, allow_test_size: bool = True, dname: Optional[str] = None,
+                starts: Sequence[Kernel] = ()) -> Kernel:
   """The fastest kernel found by a beam of width amt, starting from lin (with its required opts applied).
 
   `starts` are more kernels of the same AST to start from (the hand-coded one, so the search never ends up slower);
@@ -183,13 +183,17 @@ def beam_search(lin: Any, rawbufs: List[Buffer], amt: int, allow_test_size: bool
     # would reward kernels that stream big inputs (2048² matmul timed ~1.6x too fast that way)
     b.copyin(memoryview(bytearray(b.nbytes)))
   var_vals = _var_vals(lin.ast)
-  beam: List[Tuple[Any, float]] = []
+  beam: List[Tuple[Kernel, float]] = []
   seen: set = set()
+  # candidates that failed to compile or run are skipped; they are counted and the first reason reported once per search
+  failed: List[str] = []
   pool = _pool()
   t0 = time.perf_counter()
   try:
     for start in (lin, *starts):
-      first = _compile((start.ast, tuple(start.applied_opts), dname, start.opts))
+      first, why = _compile((start.ast, tuple(start.applied_opts), dname, start.opts))
+      if why is not None:
+        failed.append(why)
       if first is not None and first[0].src not in seen:
         seen.add(first[0].src)
         beam.append((start, time_program(*first, var_vals, rawbufs)))
@@ -201,19 +205,22 @@ def beam_search(lin: Any, rawbufs: List[Buffer], amt: int, allow_test_size: bool
         break
       jobs = [(c.ast, tuple(c.applied_opts), dname, c.opts) for c in candidates]
       compiled = pool.imap(_compile, jobs) if pool is not None else map(_compile, jobs)
-      timed: List[Tuple[Any, float]] = []
+      timed: List[Tuple[Kernel, float]] = []
       least = beam[0][1]
-      for c, res in zip(candidates, compiled):
+      for c, (res, why) in zip(candidates, compiled):
         search_stats["compiled"] += 1
         bar.update(1)
+        if why is not None:
+          failed.append(why)
         if res is None or res[0].src in seen:
           continue
         seen.add(res[0].src)
         try:
           tm = time_program(res[0], res[1], var_vals, rawbufs, early_stop=least * 3 if least < math.inf else math.inf)
-        except Exception as e:  # a kernel that fails to launch is discarded
+        except Exception as e:  # a kernel that fails to launch is discarded (counted in `failed`)
           if DEBUG >= 3:
             print(f"BEAM timing of {c.applied_opts} failed: {e}")
+          failed.append(f"{tuple(c.applied_opts)}: running it raised {type(e).__name__}: {e}")
           continue
         timed.append((c, tm))
       opts = sorted(beam + timed, key=lambda x: x[1])[:amt]
@@ -228,6 +235,9 @@ def beam_search(lin: Any, rawbufs: List[Buffer], amt: int, allow_test_size: bool
       pool.close()
       pool.join()
   best = beam[0][0]
+  search_stats["failed"] += len(failed)
+  if failed and DEBUG >= 1:
+    print(f"BEAM {amt}: skipped {len(failed)} candidate(s) that failed to compile or run; the first: {failed[0]}")
   if DEBUG >= 1:
     print(f"BEAM {amt}: {beam[0][1] * 1e6:.2f} us in {time.perf_counter() - t0:.2f} s with {best.applied_opts}")
   if CACHELEVEL >= 1:

@@ -2,24 +2,26 @@
 
 `Renderer` describes what a device can do (locals, shared memory, vector types, tensor cores, launch
 limits); `Program` is what the kernel compiler hands to a device: the source plus everything needed to
-launch it. The standard tensor-core descriptions of CUDA, AMD and Metal live here so that their device
-packages and the PYTHON emulator share one definition.
+launch it. `TensorCore` (with its `RegisterLayout`s) is how a device declares its matrix instructions; the definitions
+themselves live with the devices that own them.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
+from tiny.codegen.uops import UOp, UOps
+from tiny.dtype import DType
+from tiny.shape.symbolic import sym_infer
+
 if TYPE_CHECKING:
-  from tiny.codegen.uops import UOp
-  from tiny.dtype import DType
+  from tiny.codegen.kernel import Kernel
 
 
 def lazy_gated_alternatives(uops: Sequence[UOp]) -> Set[UOp]:
   """The per-lane fallbacks of gated vector loads: each such LOAD's VECTORIZE alternative and the lane LOADs in it, when
   used only there. A renderer emits them inside the load's fallback path, never ahead of it, so a lane is only read when
   the whole-vector gate is false and that lane's own gate is true."""
-  from tiny.codegen.uops import UOps
   uses: Dict[UOp, int] = {}
   for u in uops:
     for x in u.src:
@@ -33,13 +35,57 @@ def lazy_gated_alternatives(uops: Sequence[UOp]) -> Set[UOp]:
   return lazy
 
 
+# one digit of a tensor-core coordinate: (source, div, mod, stride) stands for ((L or e) // div % mod) * stride, where the
+# source "lane" is the lane L inside the warp and "reg" the register element e of that lane; mod 0 means no modulo
+LayoutTerm = Tuple[str, int, int, int]
+
+
+@dataclass(frozen=True)
+class RegisterLayout:
+  """Where the lanes of a warp keep one tensor-core operand: register e of lane L holds element (row, col) of the matrix.
+
+  row and col are sums of LayoutTerms, so the same data is evaluated on ints (the PYTHON emulator) and on the lane's index
+  uop (the lowerer, which builds each lane's load addresses from it). count is the registers each lane holds.
+  """
+  count: int
+  rows: Tuple[LayoutTerm, ...]
+  cols: Tuple[LayoutTerm, ...]
+
+  def __post_init__(self) -> None:
+    for src, div, mod, stride in self.rows + self.cols:
+      if src not in ("lane", "reg") or div < 1 or mod < 0 or stride < 1:
+        raise ValueError(f"bad layout term {(src, div, mod, stride)}: source 'lane' or 'reg', div >= 1, mod >= 0, stride >= 1")
+
+  @staticmethod
+  def _coord(terms: Tuple[LayoutTerm, ...], lane: Any, e: int) -> Any:
+    # the register part is a plain int (e is known when the code is built), the lane part an int or a uop
+    lane_part, const = None, 0
+    for src, div, mod, stride in terms:
+      if src == "reg":
+        v = e // div
+        const += (v % mod if mod else v) * stride
+        continue
+      x = lane // div if div != 1 else lane
+      x = x % mod if mod else x
+      x = x * stride if stride != 1 else x
+      lane_part = x if lane_part is None else lane_part + x
+    if lane_part is None:
+      return const
+    return lane_part + const if const else lane_part
+
+  def coords(self, lane: Any, e: int) -> Tuple[Any, Any]:
+    """(row, col) of register e of lane `lane` (an int, or a uop of the lane index)."""
+    return self._coord(self.rows, lane, e), self._coord(self.cols, lane, e)
+
+
 @dataclass(frozen=True)
 class TensorCore:
   """One matrix-multiply-accumulate instruction: D = A @ B + C with A (M x K), B (K x N), C and D (M x N).
 
   `dims` is (N, M, K). `threads` lists the (tensor-core dim, amount) pairs whose product is the warp; the
   order says which bits of the lane id walk which dim. `thread_local_sizes` gives, for A, B and C, how many
-  elements each thread keeps in registers per upcast level.
+  elements each thread keeps in registers per upcast level. `layout` is the register layout of A, B and C (in that
+  order): the device that declares the tensor core owns it, and both the lowerer and the PYTHON emulator read it here.
   """
 
   dims: Tuple[int, int, int]
@@ -47,6 +93,11 @@ class TensorCore:
   dtype_out: DType
   threads: List[Tuple[int, int]]
   thread_local_sizes: List[List[int]]
+  layout: Tuple[RegisterLayout, ...] = ()
+
+  def __post_init__(self) -> None:
+    if self.layout and (len(self.layout) != 3 or tuple(x.count for x in self.layout) != self.elements_per_thread()):
+      raise ValueError(f"{self}: layout needs one RegisterLayout for each of A, B, C with {self.elements_per_thread()} registers")
 
   def __str__(self) -> str:
     return "_".join(["WMMA", *map(str, self.dims), self.dtype_in.name, self.dtype_out.name])
@@ -72,42 +123,12 @@ class TensorCore:
     a, b, c = (_p(s) for s in self.thread_local_sizes)
     return a, b, c
 
-
-def _pairs(dtype_pairs: Sequence[Tuple[str, str]]) -> List[Tuple[DType, DType]]:
-  from tiny.dtype import dtypes
-  return [(getattr(dtypes, i), getattr(dtypes, o)) for i, o in dtype_pairs]
-
-
-def cuda_tensor_cores() -> List[TensorCore]:
-  """mma.sync m16n8k16 (sm_80+): 32 threads, half/bfloat16 in, float out."""
-  return [TensorCore(dims=(8, 16, 16), threads=[(0, 2), (0, 2), (1, 2), (1, 2), (1, 2)], thread_local_sizes=[[2, 2, 2], [2, 2], [2, 2]],
-                     dtype_in=di, dtype_out=do) for di, do in _pairs([("half", "float"), ("bfloat16", "float")])]
-
-
-def amd_tensor_cores() -> List[TensorCore]:
-  """RDNA3 WMMA 16x16x16 in wave32: half in, float or half out."""
-  return [TensorCore(dims=(16, 16, 16), threads=[(0, 8), (0, 2), (1, 2)], thread_local_sizes=[[16], [16], [4, 2]],
-                     dtype_in=di, dtype_out=do) for di, do in _pairs([("half", "float"), ("half", "half")])]
-
-
-def metal_tensor_cores() -> List[TensorCore]:
-  """simdgroup_matrix 8x8x8 on a 32-thread simdgroup."""
-  return [TensorCore(dims=(8, 8, 8), threads=[(0, 2), (1, 4), (0, 2), (1, 2)], thread_local_sizes=[[2], [2], [2]],
-                     dtype_in=di, dtype_out=do) for di, do in _pairs([("float", "float"), ("half", "float"), ("half", "half")])]
-
-
-def _module_getattr(name: str) -> Any:
-  # the lists are built on first use so that importing tiny.renderer does not need tiny.dtype yet
-  makers: Dict[str, Callable[[], List[TensorCore]]] = {"CUDA_TENSOR_CORES": cuda_tensor_cores, "AMD_TENSOR_CORES": amd_tensor_cores,
-                                                       "METAL_TENSOR_CORES": metal_tensor_cores}
-  if name in makers:
-    val = makers[name]()
-    globals()[name] = val
-    return val
-  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-__getattr__ = _module_getattr
+  def register_layout(self) -> Tuple[RegisterLayout, RegisterLayout, RegisterLayout]:
+    """The layouts of A, B and C; a ValueError when the device declared this tensor core without one."""
+    if len(self.layout) != 3:
+      raise ValueError(f"tensor core {self} declares no register layout (TensorCore.layout), so kernels cannot use it")
+    a, b, c = self.layout
+    return a, b, c
 
 
 def _uop_list(uops: Any) -> List[UOp]:
@@ -136,8 +157,6 @@ class Program:
     gsz = list(self.global_size) if self.global_size is not None else None
     lsz = list(self.local_size) if self.local_size is not None else None
     uops = _uop_list(self.uops)
-    if uops:
-      from tiny.codegen.uops import UOps
     for u in uops:
       if u.op is UOps.DEFINE_VAR:
         gvars.append(u.arg)
@@ -194,7 +213,6 @@ def _infer_dims(dims: Optional[Sequence[Any]], var_vals: Mapping[Any, int]) -> O
     if isinstance(d, int):
       out.append(d)
     else:
-      from tiny.shape.symbolic import sym_infer
       out.append(int(sym_infer(d, var_vals)))
   return out
 
@@ -208,11 +226,15 @@ class Renderer:
   supports_float4: bool = True
   # widest SIMD register in bytes: > 0 makes the codegen fold loads/stores that wide and re-pack scalar lanes into vector ALU ops
   simd_bytes: int = 0
+  # how many of those vector registers the target has (0: not declared); for the device's own tiling heuristics, core never reads it
+  simd_registers: int = 0
   has_local: bool = True
   has_shared: bool = True
   # SPECIAL indices are int32, so the launch grid stays below 2**31 per dim
   global_max: Optional[Tuple[int, ...]] = (0x8FFFFFFF,) * 3
   local_max: Optional[Tuple[int, ...]] = (0x8FFFFFFF,) * 3
+  # most threads one workgroup may have in all (CUDA's maxThreadsPerBlock); None: only the per-dim local_max applies
+  local_threads_max: Optional[int] = None
   shared_max: int = 32768
   tensor_cores: List[TensorCore] = []
   extra_matcher: Any = None
@@ -227,6 +249,17 @@ class Renderer:
     attrs = tuple(sorted((k, v) for k, v in vars(self).items()
                          if isinstance(v, plain) or (isinstance(v, tuple) and all(isinstance(x, plain) for x in v))))
     return (type(self).__module__, type(self).__qualname__, self.device, self.suffix, self.simd_bytes, attrs)
+
+  def hand_coded_optimizations(self, k: Kernel) -> bool:
+    """The device's own heuristic for choosing `k`'s opts; True when it chose them, False to leave `k` to core.
+
+    `Kernel.hand_coded_optimizations` calls it after the required opts and after placing tensor cores (when the renderer
+    declares some and one fits), before core's device-neutral heuristics: returning True ends the search with whatever
+    opts the hook applied (`k.apply_opt`), returning False lets core's heuristics carry on from `k` as the hook left it.
+    Tuning that depends on the hardware (register file, cache sizes, what its compiler vectorizes) belongs here, with
+    the device, not in core. The hook may use core's building blocks (`Kernel.upcast_reused_axes`, `Kernel.unroll_reduce`,
+    `Kernel.upcast_output`) with its own parameters. The default leaves every kernel to core."""
+    return False
 
   def render(self, name: str, uops: List[UOp]) -> str:
     """Source code for the kernel `name` from its linearized uops."""

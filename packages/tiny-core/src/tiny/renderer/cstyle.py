@@ -9,26 +9,23 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from typing import TYPE_CHECKING, Any, Callable, DefaultDict, Dict, List, Optional, Set, Tuple, cast
+from typing import Any, Callable, DefaultDict, Dict, List, Optional, Set, Tuple, cast
 
-from tiny.dtype import dtypes
+from tiny.dtype import DType, PtrDType, dtypes
 from tiny.codegen.uops import UOp, UOps
 from tiny.helpers import strip_parens
 from tiny.ops import BinaryOps, TernaryOps, UnaryOps
 from tiny.renderer import Renderer, lazy_gated_alternatives
 
-if TYPE_CHECKING:
-  from tiny.dtype import DType
-
 
 _NARROW_INTS = (dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16)
+
 
 class RenderError(RuntimeError):
   """The uop list holds something this renderer cannot express."""
 
 
 def _is_float(dt: DType) -> bool:
-  from tiny.dtype import dtypes
   return dtypes.is_float(dt)
 
 
@@ -120,7 +117,6 @@ class CStyleLanguage(Renderer):
 
   def render_const(self, x: Any, dtype: DType) -> str:
     """Literal for the scalar value x in dtype; a vector dtype broadcasts x to every lane."""
-    from tiny.dtype import dtypes
     scalar = _scalar(dtype)
     if _is_float(scalar) and math.isnan(x):
       val = self.nan
@@ -150,7 +146,6 @@ class CStyleLanguage(Renderer):
 
   def render_load(self, output_dtype: DType, buf_name: str, buf_dtype: DType, idx: str, local: bool = False) -> str:
     """Expression reading output_dtype (a vector reads that many consecutive elements) at buf_name[idx]."""
-    from tiny.dtype import dtypes
     elem = _base(buf_dtype)
     if self.uses_vload and _scalar(elem) == dtypes.float16 and _scalar(output_dtype) != dtypes.float16:
       return f"vload_half{'' if output_dtype.count == 1 else str(output_dtype.count)}(0, {buf_name}+{idx})"
@@ -161,7 +156,6 @@ class CStyleLanguage(Renderer):
 
   def render_store(self, buf_name: str, buf_dtype: DType, var_name: str, var_dtype: DType, idx: str, local: bool = False) -> str:
     """Statement writing var_name (scalar or vector) to buf_name at idx."""
-    from tiny.dtype import dtypes
     elem = _base(buf_dtype)
     if self.uses_vload and _scalar(elem) == dtypes.float16 and _scalar(var_dtype) != dtypes.float16:
       return f"vstore_half{'' if var_dtype.count == 1 else str(var_dtype.count)}({var_name}, 0, {buf_name}+{idx});"
@@ -331,10 +325,8 @@ class CStyleLanguage(Renderer):
 
 
 def _is_bool(dt: DType) -> bool:
-  from tiny.dtype import dtypes
   return _scalar(dt) == dtypes.bool
 
 
 def _is_ptr(dt: DType) -> bool:
-  from tiny.dtype import PtrDType
   return isinstance(dt, PtrDType)

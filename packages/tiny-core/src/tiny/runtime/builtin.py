@@ -9,6 +9,7 @@ import importlib
 import importlib.util
 from typing import Any, Callable, List
 
+from tiny.capabilities import DeviceCaps
 from tiny.plugins import PLUGIN_API_VERSION, DeviceSpec, hookimpl
 
 TINY_PLUGIN_API = PLUGIN_API_VERSION
@@ -47,9 +48,10 @@ def tiny_devices() -> List[DeviceSpec]:
   return [
     DeviceSpec(name="PYTHON", allocator=_lazy("ops_python", "PythonAllocator"), renderer=_lazy("ops_python", "PythonRenderer"),
                compiler=_lazy("ops_python", "PythonCompiler"), runtime=_lazy("ops_python", "PythonProgram", call=False),
-               priority=0, probe=_module_probe("ops_python")),
+               priority=0, probe=_module_probe("ops_python"), caps=DeviceCaps(buffer_views=False, zero_copy=True)),
     DeviceSpec(name="DISK", allocator=_storage_only, renderer=_storage_only, compiler=_storage_only, runtime=_storage_only,
-               priority=-100, probe=_module_probe("ops_disk"), device_factory=_device("ops_disk", "DiskDevice")),
+               priority=-100, probe=_module_probe("ops_disk"), device_factory=_device("ops_disk", "DiskDevice"),
+               caps=DeviceCaps(buffer_views=True, zero_copy=True)),
     DeviceSpec(name="NPY", allocator=_storage_only, renderer=_storage_only, compiler=_storage_only, runtime=_storage_only,
-               priority=-100, probe=_module_probe("ops_npy"), device_factory=_device("ops_npy", "NpyDevice")),
+               priority=-100, probe=_module_probe("ops_npy"), device_factory=_device("ops_npy", "NpyDevice"), caps=DeviceCaps(zero_copy=True)),
   ]

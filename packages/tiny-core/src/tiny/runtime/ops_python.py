@@ -4,14 +4,16 @@ The renderer serialises the linearized uops to text; the program interprets them
 One workgroup runs at a time, all of its threads in lockstep: every uop's value is a list with one entry
 per lane (a vector value is a list of such lists, one per vector element). Lockstep execution makes
 barriers trivially correct; IF blocks and loops with lane-dependent bounds run under a lane mask.
-WMMA emulates the register layouts of the CUDA, AMD and Metal tensor cores, so kernels that use them can
-be checked on any machine (`EMULATE_CUDA=1`, `EMULATE_AMD=1` or `EMULATE_METAL=1`).
+WMMA follows the register layout its uop carries (the TensorCore's, copied by the lowerer), so the tensor-core
+kernels of any device can be checked on any machine: `EMULATE_<DEVICE>=1` (or `PythonRenderer(emulate=...)`) borrows
+that device's tensor cores (`EMULATE_CUDA=1`).
 """
 from __future__ import annotations
 
 import base64
 import functools
 import math
+import os
 import pickle
 import struct
 import time
@@ -21,7 +23,7 @@ from tiny.codegen.uops import UOp, UOps
 from tiny.dtype import DType, PtrDType, dtypes
 from tiny.helpers import getenv, prod
 from tiny.ops import BinaryOps, exec_alu, python_alu, truncate
-from tiny.renderer import Renderer, TensorCore, amd_tensor_cores, cuda_tensor_cores, metal_tensor_cores
+from tiny.renderer import RegisterLayout, Renderer, TensorCore
 
 try:
   from tiny.device import Allocator as _AllocatorBase, Compiler as _CompilerBase
@@ -48,79 +50,48 @@ def deserialize_uops(src: bytes | str) -> List[Tuple[UOps, Any, Tuple[int, ...],
   return pickle.loads(base64.b64decode(src))
 
 
-# *** tensor-core register layouts: (lane, register element) -> (row, col) of A (M x K), B (K x N) and C/D (M x N) ***
+# *** tensor cores: the register layout comes with the WMMA uop (arg[8], the TensorCore's layout of A, B and C) ***
 
-Layout = Callable[[int, int], Tuple[int, int]]
-
-
-class WMMALayout:
-  """Where each lane keeps its share of one warp-wide D = A @ B + C."""
-
-  def __init__(self, m: int, n: int, k: int, warp: int, sizes: Tuple[int, int, int], a: Layout, b: Layout, c: Layout):
-    self.m, self.n, self.k, self.warp, self.sizes, self.a, self.b, self.c = m, n, k, warp, sizes, a, b, c
-
-
-WMMA_LAYOUTS: Dict[str, WMMALayout] = {
-  # mma.sync.m16n8k16: lanes form 8 groups of 4; group g holds rows g and g+8, thread t of the group holds columns 2t, 2t+1 (+8)
-  "CUDA": WMMALayout(16, 8, 16, 32, (8, 4, 4),
-                     a=lambda lane, e: (lane // 4 + 8 * ((e // 2) % 2), (lane % 4) * 2 + e % 2 + 8 * (e // 4)),
-                     b=lambda lane, e: ((lane % 4) * 2 + e % 2 + 8 * (e // 2), lane // 4),
-                     c=lambda lane, e: (lane // 4 + 8 * (e // 2), (lane % 4) * 2 + e % 2)),
-  # RDNA3 wave32: lane l holds row l%16 of A and column l%16 of B (both halves of the wave the same); D rows interleave by half-wave
-  "AMD": WMMALayout(16, 16, 16, 32, (16, 16, 8),
-                    a=lambda lane, e: (lane % 16, e),
-                    b=lambda lane, e: (e, lane % 16),
-                    c=lambda lane, e: (2 * e + lane // 16, lane % 16)),
-  # simdgroup 8x8: the same layout for A, B and C, two consecutive columns per lane
-  "METAL": WMMALayout(8, 8, 8, 32, (2, 2, 2),
-                      a=lambda lane, e: ((lane // 2) % 4 + (lane // 16) * 4, e + (lane % 2) * 2 + ((lane // 8) % 2) * 4),
-                      b=lambda lane, e: ((lane // 2) % 4 + (lane // 16) * 4, e + (lane % 2) * 2 + ((lane // 8) % 2) * 4),
-                      c=lambda lane, e: ((lane // 2) % 4 + (lane // 16) * 4, e + (lane % 2) * 2 + ((lane // 8) % 2) * 4)),
-}
-_LAYOUT_BY_DIMS = {(8, 16, 16): "CUDA", (16, 16, 16): "AMD", (8, 8, 8): "METAL"}
-
-
-def wmma_layout(arg: Tuple[Any, ...]) -> WMMALayout:
-  """The register layout a WMMA uop's arg refers to: by device name, else by its (N, M, K) dims."""
-  device, dims = arg[4], tuple(arg[1])
-  name = device if device in WMMA_LAYOUTS else _LAYOUT_BY_DIMS.get(dims)
-  if name is None:
-    raise PythonKernelError(f"no tensor-core emulation for WMMA {arg[0]} on {device} with dims {dims}")
-  return WMMA_LAYOUTS[name]
-
-
-_wmma_layout = wmma_layout  # the name the lowerer imports
+def wmma_layout(arg: Tuple[Any, ...]) -> Tuple[RegisterLayout, RegisterLayout, RegisterLayout]:
+  """The register layouts of A, B and C that a WMMA uop carries (the lowerer copies them from its TensorCore)."""
+  lay = arg[8] if len(arg) > 8 else ()
+  if not (isinstance(lay, tuple) and len(lay) == 3 and all(isinstance(x, RegisterLayout) for x in lay)):
+    raise PythonKernelError(f"WMMA {arg[0]} on {arg[4]} carries no register layout (arg[8]), so it cannot be emulated")
+  return lay[0], lay[1], lay[2]
 
 
 def emulate_wmma(arg: Tuple[Any, ...], a: List[List[Any]], b: List[List[Any]], c: List[List[Any]], lanes: int,
                  per_wg: Optional[int] = None) -> List[List[Any]]:
   """D = A @ B + C for every warp; a, b, c and the result are [register element][lane], per_wg lanes a workgroup."""
-  lay = wmma_layout(arg)
-  if (len(a), len(b), len(c)) != lay.sizes:
-    raise PythonKernelError(f"WMMA {arg[0]} takes {lay.sizes} elements per lane for A, B, C; got {(len(a), len(b), len(c))}")
-  if (per_wg or lanes) % lay.warp or lanes % lay.warp:
-    raise PythonKernelError(f"WMMA {arg[0]} needs a multiple of {lay.warp} threads per workgroup, got {per_wg or lanes}")
+  la, lb, lc = wmma_layout(arg)
+  n, m, k = arg[1]
+  warp = int(arg[5])
+  sizes = (la.count, lb.count, lc.count)
+  if (len(a), len(b), len(c)) != sizes:
+    raise PythonKernelError(f"WMMA {arg[0]} takes {sizes} elements per lane for A, B, C; got {(len(a), len(b), len(c))}")
+  if (per_wg or lanes) % warp or lanes % warp:
+    raise PythonKernelError(f"WMMA {arg[0]} needs a multiple of {warp} threads per workgroup, got {per_wg or lanes}")
   dtype_out: DType = arg[3]
   conv = truncate.get(dtype_out, lambda x: x)
   out = [list(x) for x in c]
-  for base in range(0, lanes, lay.warp):
-    am = [[0.0] * lay.k for _ in range(lay.m)]
-    bm = [[0.0] * lay.n for _ in range(lay.k)]
-    cm = [[0.0] * lay.n for _ in range(lay.m)]
-    for lane in range(lay.warp):
-      for e in range(len(a)):
-        i, j = lay.a(lane, e)
+  # the (row, col) of every (lane, register) is the same for each warp: work it out once
+  pos_a = [[la.coords(lane, e) for e in range(len(a))] for lane in range(warp)]
+  pos_b = [[lb.coords(lane, e) for e in range(len(b))] for lane in range(warp)]
+  pos_c = [[lc.coords(lane, e) for e in range(len(c))] for lane in range(warp)]
+  for base in range(0, lanes, warp):
+    am = [[0.0] * k for _ in range(m)]
+    bm = [[0.0] * n for _ in range(k)]
+    cm = [[0.0] * n for _ in range(m)]
+    for lane in range(warp):
+      for e, (i, j) in enumerate(pos_a[lane]):
         am[i][j] = a[e][base + lane]
-      for e in range(len(b)):
-        i, j = lay.b(lane, e)
+      for e, (i, j) in enumerate(pos_b[lane]):
         bm[i][j] = b[e][base + lane]
-      for e in range(len(c)):
-        i, j = lay.c(lane, e)
+      for e, (i, j) in enumerate(pos_c[lane]):
         cm[i][j] = c[e][base + lane]
-    for lane in range(lay.warp):
-      for e in range(len(c)):
-        i, j = lay.c(lane, e)
-        out[e][base + lane] = conv(cm[i][j] + sum(am[i][kk] * bm[kk][j] for kk in range(lay.k)))
+    for lane in range(warp):
+      for e, (i, j) in enumerate(pos_c[lane]):
+        out[e][base + lane] = conv(cm[i][j] + sum(am[i][kk] * bm[kk][j] for kk in range(k)))
   return out
 
 
@@ -268,14 +239,44 @@ def _zero(dt: Optional[DType]) -> Any:
 
 # *** renderer, compiler, program, allocator ***
 
-_EMULATED = {"CUDA": cuda_tensor_cores, "AMD": amd_tensor_cores, "METAL": metal_tensor_cores}
+EMULATE_PREFIX = "EMULATE_"
+
+
+def emulated_from_env() -> Optional[str]:
+  """The device named by an EMULATE_<DEVICE> variable set to a true value, or None; several are an error."""
+  names = sorted(k[len(EMULATE_PREFIX):] for k, v in os.environ.items() if k.startswith(EMULATE_PREFIX) and v.strip() not in ("", "0"))
+  if len(names) > 1:
+    raise ValueError(f"PYTHON can emulate one device at a time, but {', '.join(EMULATE_PREFIX + n for n in names)} are all set")
+  return names[0] if names else None
+
+
+def emulated_tensor_cores(device: str) -> List[TensorCore]:
+  """The tensor cores of `device` for the PYTHON device to emulate.
+
+  The device's own renderer is the authority (asked through the registry: no device is built, no hardware touched); only
+  devices whose packages have no renderer yet fall back to tiny.runtime.emulated_tensor_cores."""
+  from tiny.registry import Device, DeviceError
+  tcs: List[TensorCore] = []
+  try:
+    tcs = list(getattr(Device.renderer(device), "tensor_cores", None) or [])
+  except (DeviceError, NotImplementedError):
+    pass  # not installed, or a stub plugin without a renderer
+  if not tcs:
+    from tiny.runtime.emulated_tensor_cores import WITHOUT_RENDERER
+    if device in WITHOUT_RENDERER:
+      tcs = WITHOUT_RENDERER[device]()
+  if not tcs:
+    raise ValueError(f"PYTHON cannot emulate the tensor cores of {device!r}: no installed device of that name declares any")
+  if missing := [str(tc) for tc in tcs if not tc.layout]:
+    raise ValueError(f"PYTHON cannot emulate the tensor cores {missing} of {device!r}: they declare no register layout")
+  return tcs
 
 
 class PythonRenderer(Renderer):
-  """'Renders' a kernel by serialising its uops. `emulate` (or EMULATE_CUDA/AMD/METAL=1) borrows that device's tensor cores.
+  """'Renders' a kernel by serialising its uops. `emulate` (or EMULATE_<DEVICE>=1) borrows that device's tensor cores.
 
-  While emulating, `device` is the emulated device's name, because the kernel optimizer chooses tensor-core
-  register layouts by device name; the program keeps running on PYTHON.
+  While emulating, `device` is the emulated device's name, so kernels and their caches say which device they stand in
+  for; the program keeps running on PYTHON.
   """
 
   device = "PYTHON"
@@ -285,12 +286,10 @@ class PythonRenderer(Renderer):
 
   def __init__(self, emulate: Optional[str] = None) -> None:
     if emulate is None:
-      emulate = next((name for name in _EMULATED if getenv(f"EMULATE_{name}")), None)
+      emulate = emulated_from_env()
     if emulate is not None:
-      if emulate not in _EMULATED:
-        raise ValueError(f"PYTHON can emulate the tensor cores of {sorted(_EMULATED)}, not {emulate!r}")
+      self.tensor_cores: List[TensorCore] = emulated_tensor_cores(emulate)
       self.device = emulate
-      self.tensor_cores: List[TensorCore] = _EMULATED[emulate]()
     self.emulate = emulate
 
   def render(self, name: str, uops: List[UOp]) -> str:

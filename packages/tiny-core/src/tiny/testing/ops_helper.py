@@ -14,6 +14,8 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, Type
 
 import numpy as np
 
+from tiny.tensor import Tensor
+
 
 def _to_numpy(x: Any) -> np.ndarray:
   import torch
@@ -42,8 +44,6 @@ def prepare_test_op(low: float, high: float, shps: Optional[Sequence[Tuple[int, 
                     forward_only: bool = False, device: Optional[str] = None, dtype: Any = None, seed: int = 0) -> Tuple[List[Any], List[Any]]:
   """Make matching torch and tiny input tensors: random uniform floats of the given shapes, or the given values."""
   import torch
-
-  from tiny.tensor import Tensor
   if shps is None:
     if vals is None:
       raise ValueError("pass shapes or vals")

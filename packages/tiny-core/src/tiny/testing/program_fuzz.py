@@ -45,15 +45,20 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence,
 
 import numpy as np
 
-from tiny.helpers import prod
+from tiny.codegen.kernel import Kernel, KernelOptError, Opt, OptOps
+from tiny.dtype import dtypes
+from tiny.engine.realize import CompiledRunner, ExecItem, get_kernel, lower_schedule_item, realize_lock
+from tiny.engine.search import actions
+from tiny.helpers import Context, ansistrip, prod
+from tiny.ops import LazyOp, MetaOps
+from tiny.registry import Device
+from tiny.tensor import Tensor
 
 if TYPE_CHECKING:
+  # hypothesis is only needed to draw programs (tiny.testing.strategies, imported where it is used)
   from hypothesis import strategies as st
 
-  from tiny.codegen.kernel import Kernel, Opt
-  from tiny.ops import LazyOp
   from tiny.renderer import Renderer
-  from tiny.tensor import Tensor
 
 # *** program data ***
 
@@ -1109,8 +1114,6 @@ def opt_actions() -> List[Any]:
   """The opts a random setting picks from: BEAM's action list plus small amounts that fit the fuzzer's small shapes
   (BEAM's PADTO 32 never applies to a dim under 9, for example)."""
   if not _ACTIONS:
-    from tiny.codegen.kernel import Opt, OptOps
-    from tiny.engine.search import actions
     # 16: a whole AVX-512 register of float32 lanes, what the CPU vectorizer packs
     extra = [Opt(OptOps.UPCAST, a, n) for n in (6, 16) for a in range(4)] + [Opt(OptOps.UNROLL, a, n) for n in (3, 5, 6, 16) for a in range(3)]
     extra += [Opt(OptOps.PADTO, a, n) for n in (4, 8) for a in range(5)] + [Opt(OptOps.LOCAL, a, n) for n in (5, 6) for a in range(3)]
@@ -1136,8 +1139,6 @@ def apply_random_opts(k: Kernel, rng: random.Random, n: int, max_upcast: int = 6
   """Apply up to n opts drawn from `opt_actions()` that apply to k (each one valid for the kernel as it is then);
   stops early when none applies. Returns the new kernel (k is not changed). Raises OptApplyError when apply_opt
   fails in an unexpected way."""
-  from tiny.codegen.kernel import KernelOptError
-  from tiny.helpers import ansistrip
   acts = opt_actions()
   for _ in range(n):
     order = list(range(len(acts)))
@@ -1160,9 +1161,6 @@ def apply_random_opts(k: Kernel, rng: random.Random, n: int, max_upcast: int = 6
 
 def setting_chooser(setting: OptSetting) -> Callable[[LazyOp, Renderer], Kernel]:
   """A function (ast, renderer) -> optimized Kernel for setting; called for the kernels of a schedule in order."""
-  from tiny.codegen.kernel import Kernel
-  from tiny.engine.realize import get_kernel
-  from tiny.helpers import Context
   rng = random.Random(setting.seed)
   count = itertools.count()
 
@@ -1192,7 +1190,6 @@ def realize_with_opts(tensors: Sequence[Tensor], opts: Union[Sequence[Sequence[O
   not affected; the kernels it loaded are unloaded before it returns (see `_unload`). records, when given, is the
   list kernels are appended to as they are built (so it tells how far a run got when it raises; a kernel whose opts
   failed to apply is in it with the failing opt last)."""
-  from tiny.engine.realize import CompiledRunner, realize_lock
   if opts is None:
     opts = OptSetting("heuristic")
   if isinstance(opts, OptSetting):
@@ -1218,10 +1215,6 @@ def realize_with_opts(tensors: Sequence[Tensor], opts: Union[Sequence[Sequence[O
 
 
 def _run_schedule_with(schedule: List[Any], choose: Callable[..., Any], records: List[KernelRecord], loaded: List[Any]) -> None:
-  from tiny.engine.realize import CompiledRunner, ExecItem, lower_schedule_item
-  from tiny.helpers import ansistrip
-  from tiny.ops import MetaOps
-  from tiny.registry import Device
   for si in schedule:
     if si.ast.op is MetaOps.KERNEL:
       dname = si.outputs[0].device
@@ -1265,8 +1258,6 @@ class ProgramRun:
 
 def run_program(program: Program, device: str, setting: OptSetting = OptSetting("heuristic")) -> ProgramRun:
   """Run program on device with every kernel optimized as setting says. An exception is caught into the result."""
-  from tiny.dtype import dtypes
-  from tiny.tensor import Tensor
   ns: Dict[str, Any] = {"Tensor": Tensor, "dtypes": dtypes, "np": np, "DEVICE": device}
   run = ProgramRun({})
   try:
@@ -1394,7 +1385,6 @@ def check_program(program: Program, device: str, settings: Sequence[OptSetting],
     backend = "torch" if torch_available() else "numpy"
   if want is None:
     want = reference_results(program, backend)
-  from tiny.dtype import dtypes
   vals = program.values()
   # the kind of setting that failed last goes first: while hypothesis shrinks a failure, each smaller candidate then
   # fails (or passes that setting) without running the others first

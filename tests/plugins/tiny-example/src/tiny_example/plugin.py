@@ -6,13 +6,13 @@ from typing import Any, List
 
 from tiny.plugins import DeviceSpec, RendererSpec, hookimpl
 
-TINY_PLUGIN_API = "1.0"
+TINY_PLUGIN_API = "1.1"
 
 
 def _python(attr: str, call: bool = True) -> Any:
   def factory(device: str) -> Any:
-    from tiny.runtime import ops_python   # imported on use, never at discovery
-    obj = getattr(ops_python, attr)
+    from tiny import backend   # imported on use, never at discovery
+    obj = getattr(backend, attr)
     return obj() if call else obj
   return factory
 

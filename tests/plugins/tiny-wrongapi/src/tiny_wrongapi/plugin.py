@@ -1,4 +1,4 @@
-"""A plugin built for tiny plugin API 2.0: tiny-core 0.1 (API 1.0) must refuse it with a message saying how to fix it."""
+"""A plugin built for tiny plugin API 2.0: tiny-core 0.1 (API 1.1) must refuse it with a message saying how to fix it."""
 from __future__ import annotations
 
 from typing import List

@@ -9,6 +9,7 @@ import pytest
 
 from tiny.dtype import DType, dtypes
 from tiny.tensor import Tensor
+from tiny.testing.pytest_plugin import quick_mode
 
 # dtypes every device is expected to handle; a device without one says so with --tiny-skip-dtypes
 FLOATS = (dtypes.float32, dtypes.float16, dtypes.float64)
@@ -37,7 +38,6 @@ def quick_cases(values: Sequence[Any], is_quick: Callable[[Any], bool], ids: Opt
 
 def quick() -> bool:
   """True when the kit runs with --tiny-quick."""
-  from tiny.testing.pytest_plugin import quick_mode
   return quick_mode()
 
 

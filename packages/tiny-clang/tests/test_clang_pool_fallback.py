@@ -1,0 +1,33 @@
+"""The thread pool's fallback to Python threads is not silent: one warning with the reason, and a note for `tiny doctor`."""
+from __future__ import annotations
+
+import pytest
+
+import tiny_clang.compiler as compiler
+import tiny_clang.plugin as plugin
+import tiny_clang.pool as pool
+
+
+@pytest.fixture
+def fresh_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+  # the pool is process-wide: build a new one for the test and put the real one back afterwards
+  monkeypatch.setattr(pool, "_pool", None)
+  monkeypatch.setattr(pool, "fallback_reason", None)
+
+
+def test_fallback_warns_once_and_records_why(fresh_pool: None, monkeypatch: pytest.MonkeyPatch) -> None:
+  monkeypatch.setattr(compiler, "find_cc", lambda: None)
+  with pytest.warns(RuntimeWarning, match="native thread pool could not be built.*no C compiler"):
+    p = pool.get_pool()
+  assert isinstance(p, pool.PyPool)
+  assert pool.fallback_reason is not None and "no C compiler" in pool.fallback_reason
+  assert pool.get_pool() is p   # built once: no second warning, the same pool
+  notes = plugin.doctor_notes()
+  assert len(notes) == 1 and "Python threads" in notes[0] and "no C compiler" in notes[0]
+
+
+def test_native_pool_note(fresh_pool: None) -> None:
+  if compiler.find_cc() is None:
+    pytest.skip("no C compiler here")
+  assert plugin.doctor_notes() == [f"thread pool: native, {pool.num_threads()} threads"]
+  assert pool.fallback_reason is None
