@@ -1,7 +1,7 @@
 """Developer and CI entry points. Every session installs what it needs into its own virtualenv, so on a fresh
 machine `python -m pip install nox && python -m nox -s lint typecheck tests` (or `-s demo`) is all the set-up there is.
 
-Sessions: tests (everything), core / clang / nn / cuda / amd / metal (one package), lint, typecheck, fuzz, demo, bench.
+Sessions: tests (everything), core / clang / nn / cuda / amd / metal / opencl (one package), lint, typecheck, fuzz, demo, bench.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ nox.options.error_on_missing_interpreters = True
 
 ROOT = Path(__file__).resolve().parent
 # install order matters only for readability: pip resolves tiny-core from the local folder because it is in the same call
-PACKAGES = ["tiny-core", "tiny-clang", "tiny-nn", "tiny-cuda", "tiny-amd", "tiny-metal"]
+PACKAGES = ["tiny-core", "tiny-clang", "tiny-nn", "tiny-cuda", "tiny-amd", "tiny-metal", "tiny-opencl"]
 # the third-party-style plugin the tests discover through its entry point (the broken ones are put on a
 # temporary path by the tests themselves, so that they never leak into the environment of other tests)
 EXAMPLE_PLUGINS = ["tests/plugins/tiny-example"]
@@ -54,6 +54,19 @@ def ensure_clang(session: nox.Session) -> None:
     session.warn("clang not found and cannot be installed here (needs root and apt-get); tiny-clang will use the system cc")
 
 
+def ensure_opencl(session: nox.Session) -> None:
+  """tiny-opencl runs on any OpenCL platform; without a GPU that is PoCL (OpenCL on the CPU). Install it with apt when we
+  can (root on Debian, as in CI); without it the GPU device reports why it is unavailable and its tests skip."""
+  if not (ROOT / "packages" / "tiny-opencl").is_dir() or Path("/etc/OpenCL/vendors/pocl.icd").exists():
+    return
+  if shutil.which("apt-get") and hasattr(os, "geteuid") and os.geteuid() == 0:
+    session.run("apt-get", "update", "-qq", external=True)
+    session.run("apt-get", "install", "-y", "-qq", "pocl-opencl-icd", "ocl-icd-libopencl1", external=True,
+                env={"DEBIAN_FRONTEND": "noninteractive"})
+  else:
+    session.warn("no OpenCL platform and none can be installed here (needs root and apt-get): the GPU device will be unavailable")
+
+
 def install_for_tests(session: nox.Session, packages: Sequence[str]) -> None:
   session.install(TORCH)
   session.install(*editable(packages, EXAMPLE_PLUGINS), *TEST_DEPS)
@@ -74,6 +87,7 @@ def run_pytest(session: nox.Session, *paths: str, env: dict | None = None) -> No
 def tests(session: nox.Session) -> None:
   """Every package's tests and the cross-package tests in tests/."""
   ensure_clang(session)
+  ensure_opencl(session)
   install_for_tests(session, PACKAGES)
   run_pytest(session)
 
@@ -87,6 +101,8 @@ def _package_session(pkg: str) -> None:
       session.skip(f"packages/{pkg} does not exist yet")
     if pkg == "tiny-clang":
       ensure_clang(session)
+    if pkg == "tiny-opencl":
+      ensure_opencl(session)
     install_for_tests(session, ["tiny-core", pkg] if pkg != "tiny-nn" else ["tiny-core", "tiny-clang", pkg])
     run_pytest(session, f"packages/{pkg}/tests")
 
@@ -119,6 +135,7 @@ def typecheck(session: nox.Session) -> None:
 def fuzz(session: nox.Session) -> None:
   """The whole suite with the long hypothesis profile (HYPOTHESIS_PROFILE=fuzz)."""
   ensure_clang(session)
+  ensure_opencl(session)
   install_for_tests(session, PACKAGES)
   run_pytest(session, env={"HYPOTHESIS_PROFILE": "fuzz"})
 
