@@ -5,19 +5,19 @@ depend on this host), then run on the PYTHON reference device and checked agains
 CLANG and LLVM renderers use the hook and declare the host's register count."""
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple
+from typing import List, Tuple
 
 import numpy as np
 import pytest
 
 from tiny.codegen.kernel import Kernel, Opt, OptOps
-from tiny.codegen.uopgraph import verify_linearized
 from tiny.dtype import dtypes
 from tiny.engine.schedule import create_schedule
 from tiny.helpers import prod
 from tiny.ops import BufferOps, LazyOp, MemBuffer, MetaOps, ReduceOps
-from tiny.runtime.ops_python import PythonProgram, PythonRenderer
+from tiny.runtime.ops_python import PythonRenderer
 from tiny.shape.shapetracker import ShapeTracker as ST
+from tiny.testing.ops_helper import run_kernel_on_python
 from tiny.tensor import Tensor
 from tiny_clang import renderer as clang_renderer
 from tiny_clang.heuristics import cpu_hand_coded_optimizations
@@ -43,16 +43,7 @@ class _SimdCpuRenderer(_CpuRenderer):
   simd_registers = 32
 
 
-def run_kernel(k: Kernel, inputs: Sequence[np.ndarray], out_shape: Tuple[int, ...]) -> np.ndarray:
-  prg = k.to_program()
-  assert k.uops is not None
-  verify_linearized(k.uops.uops)
-  out = np.zeros(out_shape, np.float32)
-  mvs = [memoryview(bytearray(out.nbytes)).cast("f")] + [memoryview(bytearray(np.ascontiguousarray(x, np.float32).tobytes())).cast("f")
-                                                          for x in inputs]
-  gs, ls = prg.launch_dims({})
-  PythonProgram(prg.name, prg.src.encode() if isinstance(prg.src, str) else prg.src)(*mvs, global_size=tuple(gs), local_size=tuple(ls or (1, 1, 1)))
-  return np.frombuffer(mvs[0].tobytes(), np.float32).reshape(out_shape)
+run_kernel = run_kernel_on_python
 
 
 def reduce_kernel(op: ReduceOps, shape: Tuple[int, ...], axis: int) -> LazyOp:

@@ -16,6 +16,7 @@ from tiny.dtype import dtypes
 from tiny.ops import BinaryOps, BufferOps, ConstBuffer, LazyOp, MemBuffer, MetaOps, ReduceOps, TernaryOps, UnaryOps
 from tiny.runtime.ops_python import PythonProgram, PythonRenderer
 from tiny.shape.shapetracker import ShapeTracker as ST
+from tiny.testing.ops_helper import run_kernel_on_python
 from tiny.shape.symbolic import Variable
 from tiny.shape.view import View
 
@@ -94,16 +95,7 @@ def _cases() -> Dict[str, Tuple[LazyOp, List[np.ndarray], np.ndarray]]:
 CASES = _cases()
 
 
-def run_kernel(k: Kernel, inputs: Sequence[np.ndarray], out_shape: Tuple[int, ...]) -> np.ndarray:
-  prg = k.to_program()
-  assert k.uops is not None
-  verify_linearized(k.uops.uops)
-  out = np.zeros(out_shape, np.float32)
-  mvs = [memoryview(bytearray(out.nbytes)).cast("f")] + [memoryview(bytearray(np.ascontiguousarray(x, np.float32).tobytes())).cast("f")
-                                                          for x in inputs]
-  gs, ls = prg.launch_dims({})
-  PythonProgram(prg.name, prg.src.encode() if isinstance(prg.src, str) else prg.src)(*mvs, global_size=tuple(gs), local_size=tuple(ls or (1, 1, 1)))
-  return np.frombuffer(mvs[0].tobytes(), np.float32).reshape(out_shape)
+run_kernel = run_kernel_on_python
 
 
 def check_case(name: str, opts: Sequence[Opt], renderer=None) -> Kernel:

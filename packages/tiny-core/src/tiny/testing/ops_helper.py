@@ -95,3 +95,19 @@ def helper_test_exception(shps: Sequence[Tuple[int, ...]], torch_fxn: Callable[.
     tiny_fxn(*tst).realize()
   if exact:
     assert type(info.value) in expected, f"expected exactly one of {expected}, got {type(info.value)}"
+
+
+def run_kernel_on_python(k: Any, inputs: Sequence[np.ndarray], out_shape: Tuple[int, ...]) -> np.ndarray:
+  """Linearize Kernel k (a float32 kernel with one output), check the uop order, and run it on the PYTHON interpreter
+  with inputs; the output as an array of out_shape. For tests of opts and heuristics, whatever renderer k was built for."""
+  from tiny.codegen.uopgraph import verify_linearized
+  from tiny.runtime.ops_python import PythonProgram
+  prg = k.to_program()
+  assert k.uops is not None
+  verify_linearized(k.uops.uops)
+  out = np.zeros(out_shape, np.float32)
+  mvs = [memoryview(bytearray(out.nbytes)).cast("f")] + [memoryview(bytearray(np.ascontiguousarray(x, np.float32).tobytes())).cast("f")
+                                                          for x in inputs]
+  gs, ls = prg.launch_dims({})
+  PythonProgram(prg.name, prg.src.encode() if isinstance(prg.src, str) else prg.src)(*mvs, global_size=tuple(gs), local_size=tuple(ls or (1, 1, 1)))
+  return np.frombuffer(mvs[0].tobytes(), np.float32).reshape(out_shape)
