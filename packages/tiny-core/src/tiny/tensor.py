@@ -24,7 +24,7 @@ from tiny.helpers import (_METADATA, CHECK_INDEX, DEBUG, ContextVar, Metadata, a
 from tiny.lazy import LazyBuffer
 from tiny.ops import MetaOps
 from tiny.registry import Device
-from tiny.shape.symbolic import Node, Variable, sint
+from tiny.shape.symbolic import Node, Variable, sint, sym_infer
 
 DTypeLike = Union[str, DType]
 TRACEMETA = ContextVar("TRACEMETA", 1)
@@ -684,7 +684,7 @@ class Tensor:
       if rest == 0 or self.numel() % rest != 0:
         raise ShapeError(f"cannot reshape {self.shape} to {tuple(new_shape)}")
       new_shape = [self.numel() // rest if isinstance(s, int) and s == -1 else s for s in new_shape]
-    if prod(new_shape) != self.numel():
+    if prod(new_shape) != self.numel() and not _same_bound_size(prod(new_shape), self.numel()):
       raise ShapeError(f"cannot reshape {self.shape} ({self.numel()} elements) to {tuple(new_shape)} ({prod(new_shape)} elements)")
     return F.Reshape.apply(self, shape=tuple(new_shape)) if tuple(new_shape) != self.shape else self
 
@@ -2295,6 +2295,16 @@ def _np_dtype_or_raise(dtype: DType) -> Any:
   if (npdt := to_np_dtype(dtype)) is None:
     raise TypeError(f"{dtype} has no numpy equivalent")
   return npdt
+
+
+def _same_bound_size(a: sint, b: sint) -> bool:
+  """a and b are the same number of elements once every bound Variable takes its value (x.reshape(3, k.bind(4)) of a
+  (3, 4) tensor, and back): symbolic shapes that are equal only for this binding."""
+  vals = {v.unbind()[0]: v.unbind()[1] for x in (a, b) if isinstance(x, Node) for v in x.vars() if v._val is not None}
+  try:
+    return sym_infer(a if not isinstance(a, Node) else a.unbind()[0], vals) == sym_infer(b if not isinstance(b, Node) else b.unbind()[0], vals)
+  except (KeyError, TypeError, ValueError):
+    return False
 
 
 def _floor_fix(rem: Tensor, divisor: Tensor) -> Tensor:

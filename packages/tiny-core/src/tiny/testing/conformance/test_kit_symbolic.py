@@ -31,7 +31,6 @@ def test_symbolic_leading_axis_and_offset(n, tiny_device):
   check(t.shrink(((2, vi + 2), (1, 3))).sum(0), base[2:n + 2, 1:3].sum(0), what="symbolic rows with an offset")
 
 
-@pytest.mark.xfail(reason="Tensor.reshape rejects a reshape to a bound Variable: prod((3, k=4)) != 12 as Nodes", strict=True)
 def test_symbolic_reshape_roundtrip(tiny_device):
   """tinygrad's symbolic idiom: reshape to a bound Variable, compute, reshape back to the concrete size."""
   n = 4
@@ -39,3 +38,22 @@ def test_symbolic_reshape_roundtrip(tiny_device):
   vi = Variable("k", 1, 10).bind(n)
   out = (Tensor(base, device=tiny_device).reshape(3, vi) + 1).realize()
   check(out.reshape(3, n), base + 1, dt=dtypes.float32, what="symbolic elementwise read back")
+
+
+def test_symbolic_reshape_in_jit(tiny_device):
+  """One TinyJit capture serves every value of the Variable a concrete tensor is reshaped to."""
+  from tiny.engine.jit import TinyJit
+
+  @TinyJit
+  def step(x: Tensor) -> Tensor:
+    return (x * 2 + 1).sum(1).realize()
+
+  for n in (3, 5, 4, 7):
+    base = arange_np((2, n), np.float32)
+    check(step(Tensor(base, device=tiny_device).reshape(2, Variable("n", 1, 10).bind(n))), (base * 2 + 1).sum(1),
+          dt=dtypes.float32, what=f"jitted symbolic reshape, n={n}")
+
+
+def test_reshape_to_a_variable_bound_to_another_size_is_refused(tiny_device):
+  with pytest.raises(ValueError, match="cannot reshape"):
+    Tensor(arange_np((3, 4), np.float32), device=tiny_device).reshape(3, Variable("k", 1, 10).bind(5))
