@@ -85,8 +85,9 @@ def _count(proc: subprocess.CompletedProcess, what: str) -> int:
 # CI proves the compiled CPU device with the whole kit (about 105 s on 2 cores with a cold compile cache, 20 s warm)
 # and the two interpreted devices with the quick subset (a few seconds each; the whole kit takes ~50 s there)
 # and the OpenCL device (tiny-opencl on PoCL in CI: the GPU half of the codegen, locals and barriers) with the whole kit
-@pytest.mark.parametrize("device,quick", [("CLANG", False), ("PYTHON", True), ("EXAMPLE", True), ("GPU", False)],
-                         ids=["CLANG-full", "PYTHON-quick", "EXAMPLE-quick", "GPU-full"])
+# and HCQCPU (tiny-clang's reference of the HCQ interfaces: CLANG kernels through queues, signals and HCQGraph) quick
+@pytest.mark.parametrize("device,quick", [("CLANG", False), ("PYTHON", True), ("EXAMPLE", True), ("GPU", False), ("HCQCPU", True)],
+                         ids=["CLANG-full", "PYTHON-quick", "EXAMPLE-quick", "GPU-full", "HCQCPU-quick"])
 def test_kit_passes(device, quick, tmp_path):
   from tiny.dtype import DTYPES_DICT
   from tiny.registry import Device

@@ -103,9 +103,11 @@ def test_probes(monkeypatch: pytest.MonkeyPatch) -> None:
   assert "pip install llvmlite" in (plugin._probe_llvm() or "")
 
 
-def test_plugin_declares_both_devices() -> None:
+def test_plugin_declares_its_devices() -> None:
   specs = {s.name: s for s in plugin.tiny_devices()}
-  assert set(specs) == {"CLANG", "LLVM"}
+  assert set(specs) == {"CLANG", "LLVM", "HCQCPU"}
+  # the HCQ reference is never the default device and builds itself
+  assert specs["HCQCPU"].priority < 0 and specs["HCQCPU"].device_factory is not None and specs["HCQCPU"].graph is not None
   assert plugin.TINY_PLUGIN_API == "1.1"
   assert specs["CLANG"].priority > specs["LLVM"].priority > 0
   assert specs["CLANG"].graph is not None and specs["LLVM"].graph is not None

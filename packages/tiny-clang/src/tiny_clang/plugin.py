@@ -63,17 +63,38 @@ def _graph(dev: str) -> Any:
   return CPUGraph
 
 
+def _hcq_device(dev: str) -> Any:
+  from tiny_clang.hcq import HCQCPUDevice
+  return HCQCPUDevice(dev)
+
+
+def _hcq_graph(dev: str) -> Any:
+  from tiny.backend import HCQGraph
+  return HCQGraph
+
+
+def _hcq_unbuilt(dev: str) -> Any:
+  # HCQCPU builds its whole device in device_factory (runtime and allocator need the device object)
+  raise RuntimeError("HCQCPU is built by its device_factory")
+
+
 # host memory: buffers are views into each other (ctypes from_buffer) and read back without a copy
 CPU_CAPS = DeviceCaps(buffer_views=True, zero_copy=True, buffer_options=frozenset({"nolru"}))
+# HCQCPU memory is host memory too, but queued work may still be writing it: reads go through copyout, which waits
+HCQ_CPU_CAPS = DeviceCaps(buffer_views=True, zero_copy=False, buffer_options=frozenset({"nolru"}))
 
 
 @hookimpl
 def tiny_devices() -> List[DeviceSpec]:
-  """CLANG (C through clang, else cc/gcc) and LLVM (LLVM IR through llvmlite); both run kernels on every core."""
+  """CLANG (C through clang, else cc/gcc) and LLVM (LLVM IR through llvmlite), both on every core; HCQCPU, the HCQ reference."""
   return [DeviceSpec(name="CLANG", allocator=_allocator, renderer=_clang_renderer, compiler=_clang_compiler, runtime=_clang_runtime,
                      graph=_graph, priority=10, probe=_probe_clang, caps=CPU_CAPS),
           DeviceSpec(name="LLVM", allocator=_allocator, renderer=_llvm_renderer, compiler=_llvm_compiler, runtime=_llvm_runtime,
-                     graph=_graph, priority=5, probe=_probe_llvm, caps=CPU_CAPS)]
+                     graph=_graph, priority=5, probe=_probe_llvm, caps=CPU_CAPS),
+          # the CPU reference of the hardware-command-queue interfaces: CLANG kernels run from a compute engine thread, copies
+          # from a copy engine thread, ordered by signals. Never the default (negative priority): it exists to test HCQ.
+          DeviceSpec(name="HCQCPU", allocator=_hcq_unbuilt, renderer=_clang_renderer, compiler=_clang_compiler, runtime=_hcq_unbuilt,
+                     graph=_hcq_graph, priority=-1, probe=_probe_clang, device_factory=_hcq_device, caps=HCQ_CPU_CAPS)]
 
 
 def doctor_notes() -> List[str]:

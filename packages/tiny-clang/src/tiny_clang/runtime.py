@@ -64,13 +64,18 @@ class CPUProgram:
   def __call__(self, *bufs: Any, global_size: Tuple[int, ...] = (1, 1, 1), local_size: Tuple[int, ...] = (1, 1, 1),
                vals: Tuple[int, ...] = (), wait: bool = False) -> Optional[float]:
     args = (ctypes.c_int64 * max(1, len(bufs) + len(vals)))(*[buf_address(b) for b in bufs], *vals)
+    et = self.run_args(args)
+    return et if wait else None
+
+  def run_args(self, args: Any) -> float:
+    """Run on a prebuilt argument array (int64 buffer addresses, then variable values); returns the seconds it took."""
     T = self.threads()
     st = time.perf_counter()
     self.pool.run1(self.entry, args, self.parallel, T)
     et = time.perf_counter() - st
     if self.auto_threads is None and THREADS.value == 0:
       self.auto_threads = num_threads() if et > PARALLEL_MIN_SECONDS else 1
-    return et if wait else None
+    return et
 
 
 class ClangProgram(CPUProgram):

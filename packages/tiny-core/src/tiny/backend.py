@@ -35,6 +35,7 @@ if TYPE_CHECKING:
   from tiny.codegen.uops import PatternMatcher, UOp, UOps, UPat
   from tiny.device import Allocator, Buffer, BufferOptions, Compiled, CompileError, Compiler, LRUAllocator
   from tiny.dtype import DType, ImageDType, PtrDType, dtypes
+  from tiny.engine.hcq_graph import HCQGraph
   from tiny.engine.jit import GraphRunner
   from tiny.engine.realize import CompiledRunner, ExecItem, Runner
   from tiny.engine.schedule import ScheduleItem, create_schedule, create_schedule_with_vars
@@ -44,6 +45,8 @@ if TYPE_CHECKING:
   from tiny.registry import Device
   from tiny.renderer import Program, RegisterLayout, Renderer, TensorCore, lazy_gated_alternatives
   from tiny.renderer.cstyle import CStyleLanguage, RenderError
+  from tiny.runtime.hcq import (HCQAllocator, HCQArgsState, HCQCompiled, HCQProgram, HCQSignal, HCQTimeoutError, HWCommandQueue, HWComputeQueue,
+                                HWCopyQueue)
   from tiny.runtime.ops_python import PythonAllocator, PythonCompiler, PythonProgram, PythonRenderer
   from tiny.shape.symbolic import Variable
 
@@ -67,6 +70,10 @@ _LAZY: Dict[str, str] = {
   "DeviceCaps": "tiny.capabilities",
   # executing and graphs
   "Runner": "tiny.engine.realize", "CompiledRunner": "tiny.engine.realize", "ExecItem": "tiny.engine.realize", "GraphRunner": "tiny.engine.jit",
+  # hardware command queues (HCQ devices)
+  "HCQSignal": "tiny.runtime.hcq", "HCQTimeoutError": "tiny.runtime.hcq", "HWCommandQueue": "tiny.runtime.hcq",
+  "HWComputeQueue": "tiny.runtime.hcq", "HWCopyQueue": "tiny.runtime.hcq", "HCQArgsState": "tiny.runtime.hcq", "HCQProgram": "tiny.runtime.hcq",
+  "HCQCompiled": "tiny.runtime.hcq", "HCQAllocator": "tiny.runtime.hcq", "HCQGraph": "tiny.engine.hcq_graph",
   # kernel optimization (device heuristics)
   "Kernel": "tiny.codegen.kernel", "KernelOptError": "tiny.codegen.kernel", "Opt": "tiny.codegen.kernel", "OptOps": "tiny.codegen.kernel",
   # scheduling, for op suites that turn user programs into kernels
@@ -86,6 +93,8 @@ __all__ = [
   "DType", "PtrDType", "ImageDType", "dtypes", "Variable",
   "Compiler", "CompileError", "Allocator", "LRUAllocator", "BufferOptions", "Buffer", "Compiled", "Device", "DeviceCaps",
   "Runner", "CompiledRunner", "ExecItem", "GraphRunner",
+  "HCQSignal", "HCQTimeoutError", "HWCommandQueue", "HWComputeQueue", "HWCopyQueue", "HCQArgsState", "HCQProgram", "HCQCompiled", "HCQAllocator",
+  "HCQGraph",
   "Kernel", "KernelOptError", "Opt", "OptOps",
   "ScheduleItem", "create_schedule", "create_schedule_with_vars",
   "PythonRenderer", "PythonCompiler", "PythonAllocator", "PythonProgram",

@@ -211,6 +211,8 @@ USE_TC, TC_OPT, SPLIT_REDUCEOP = ContextVar("TC", 1), ContextVar("TC_OPT", 0), C
 # CHECK_INDEX=1: realize integer Tensor indices (indexing, gather, one_hot, Embedding) and raise IndexError on the host
 # for out-of-range values; off by default because it costs a device sync per indexing op
 CHECK_INDEX = ContextVar("CHECK_INDEX", 0)
+# PROFILE=1: HCQ devices time every kernel and copy on the device and write a Chrome trace at exit (tiny.runtime.hcq)
+PROFILE = ContextVar("PROFILE", 0)
 
 
 @dataclass(frozen=True)
