@@ -190,3 +190,23 @@ def test_small_conv_rows_are_tiled_whole(dev: str, hw: int, k: int) -> None:
   if 8 < ow <= 2 * host_simd_bytes() // 4 and ow != 11:
     # the strip is the whole row, times a power of two of output channels
     assert up % ow == 0 and up // ow in (1, 2, 4, 8, 16), kern.applied_opts
+
+
+def test_exp_kernel_is_vector_code_to_the_end(dev: str) -> None:
+  """exp's clamps, polynomial and exponent-field scaling (bit casts, integer shifts) all stay in vector registers: no
+  lane is bitcast or clamped on its own, and the values still match numpy."""
+  from tiny.engine.realize import get_kernel
+  from tiny.registry import Device
+  from tiny_clang.renderer import host_simd_bytes
+  lanes = host_simd_bytes() // 4
+  x = rng.standard_normal(64 * lanes).astype(np.float32) * 30
+  # scheduling only: schedule() hands the kernels to the caller, so these tensors are never computed
+  src = get_kernel(Device[dev].renderer, Tensor(x, device=dev).exp().schedule()[-1].ast).to_program().src
+  t = Tensor(x, device=dev)
+  if dev == "CLANG":
+    assert f"tiny_int{lanes} cast" in src and "float precast" not in src and "?(-104.0f)" not in src, src[:3000]
+  else:
+    assert f"bitcast <{lanes} x float>" in src and f"ashr <{lanes} x i32>" in src, src[:3000]
+  with np.errstate(over="ignore"):   # float64 results past float32's range round to inf, as tiny's do
+    want = np.exp(x.astype(np.float64)).astype(np.float32)
+  np.testing.assert_allclose(t.exp().numpy(), want, rtol=3e-7)

@@ -76,6 +76,8 @@ def _max(a: str, b: str, dtype: DType) -> str:
 
 
 _VECTOR_NATIVE = {BinaryOps.ADD: "+", BinaryOps.MUL: "*"}
+# ops whose scalar spelling is a plain C operator expression, valid for GNU vectors as it is
+_VECTOR_AS_SCALAR = {TernaryOps.MULACC, UnaryOps.NEG, BinaryOps.XOR, BinaryOps.AND, BinaryOps.OR, BinaryOps.SHL, BinaryOps.SHR}
 # float32 vector ops with a vector implementation in tiny_clang.vmath (libm's are scalar calls)
 _VMATH = {UnaryOps.EXP2: "exp2", UnaryOps.LOG2: "log2"}
 # the integer lanes a float vector's comparison mask has (and that vector MAX blends through)
@@ -100,6 +102,9 @@ def _op_for(op: Any, fn: Callable[..., str]) -> Callable[..., str]:
       scalar = dtype.scalar()
       if op in _VECTOR_NATIVE and _f16kind(dtype) is None and scalar != dtypes.bool:
         return f"({xs[0]}{_VECTOR_NATIVE[op]}{xs[1]})"
+      if op in _VECTOR_AS_SCALAR and _f16kind(dtype) is None and scalar != dtypes.bool:
+        # C operators apply lane-wise to GNU vectors: one vector op (an FMA for MULACC) instead of a lane-by-lane rebuild
+        return fn(*xs, dtype)
       if op in _VMATH and scalar == dtypes.float32:
         return f"tiny_{_VMATH[op]}_{ClangRenderer.vector_name(scalar, dtype.count)}({xs[0]})"
       if op is BinaryOps.MAX and scalar in (dtypes.float32, dtypes.float64):

@@ -98,6 +98,10 @@ class _Packer:
         return self._gather(lanes)
       val, _ = self.pack(tuple(x.src[1] for x in lanes))
       return self._record(lanes, UOp(UOps.PHI, vdt, (acc, val)))
+    if first.op is UOps.BITCAST and _lane_dtype_ok(sdt := first.src[0].dtype) and sdt is not None and sdt.itemsize == dt.itemsize:
+      # a lane-wise reinterpretation (exp's exponent-field scaling): bitcasting the packed vector keeps the chain in vectors
+      src, real = self.pack(tuple(x.src[0] for x in lanes))
+      return self._record(lanes, UOp(UOps.BITCAST, vdt, (src,))) if real else self._gather(lanes)
     if first.op is UOps.ALU and first.arg is not TernaryOps.WHERE and all(_lane_dtype_ok(s.dtype) for s in first.src):
       cols = [self.pack(tuple(x.src[j] for x in lanes)) for j in range(len(first.src))]
       if not any(real for _, real in cols):
