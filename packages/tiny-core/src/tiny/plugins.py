@@ -62,7 +62,7 @@ class DeviceSpec:
   that is never picked automatically (storage devices such as DISK, test devices) and is left out of
   Device.get_available_devices().
   device_factory, when given, builds the device object itself instead of tiny.device.Compiled.
-  caps (optional, an extension of API 1.0 that older cores ignore) says what the device can do (buffer views, zero-copy
+  caps (optional, added in API 1.1) says what the device can do (buffer views, zero-copy
   host access, ...); the default claims nothing, which is always safe.
   """
   name: str
