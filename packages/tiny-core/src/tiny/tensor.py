@@ -1881,6 +1881,11 @@ class Tensor:
         # a bound Variable stays bound; any other expression is unbound first, and Tensor() takes it only when that leaves a Variable
         node: Any = y if isinstance(y, Variable) else y.unbind()[0]
         y = Tensor(node, x.device, y_dtype, requires_grad=False)
+      elif y_dtype == x.dtype and not isinstance(x.dtype, ImageDType):
+        # the common case (x + 1): the constant already in x's shape, the same lazy graph as the general path below
+        # but without three Tensor-level steps, which were most of an eager op's Python time
+        y = Tensor(x.lazydata.const(_wrap_int(int(y), y_dtype) if dtypes.is_int(y_dtype) else dtypes.as_const(y, y_dtype)), x.device, y_dtype,
+                   requires_grad=False)
       else:
         y = Tensor(_wrap_int(int(y), y_dtype) if dtypes.is_int(y_dtype) else dtypes.as_const(y, y_dtype), x.device, y_dtype, requires_grad=False)
     if match_dtype and x.dtype != y.dtype:
