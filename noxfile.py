@@ -25,7 +25,8 @@ PACKAGES = ["tiny-core", "tiny-clang", "tiny-nn", "tiny-cuda", "tiny-amd", "tiny
 EXAMPLE_PLUGINS = ["tests/plugins/tiny-example"]
 # torch first and pinned: this version installs a CPU build from a local wheel; anything else pulls GBs of CUDA packages
 TORCH = "torch==2.13.0"
-TEST_DEPS = ["pytest", "pytest-xdist", "hypothesis", "numpy", "tqdm", "scikit-learn"]
+# mpi4py: the multi-process tests (tiny_nn.distributed) launch real MPI ranks; it has binary wheels, and OpenMPI comes from apt
+TEST_DEPS = ["pytest", "pytest-xdist", "hypothesis", "numpy", "tqdm", "scikit-learn", "mpi4py"]
 
 
 def existing(packages: Sequence[str]) -> List[str]:
