@@ -20,6 +20,7 @@ from typing import DefaultDict, Dict, List, Optional, Sequence, Set, Tuple, Unio
 
 from tiny.device import Buffer
 from tiny.dtype import ImageDType
+from tiny.engine import graph_viz
 from tiny.helpers import DEBUG, MULTIOUTPUT, Metadata, all_int, dedup, getenv, merge_dicts, prod
 from tiny.lazy import LazyBuffer
 from tiny.ops import UNSAFE_PAD_OPS, BufferOps, ConstBuffer, LazyOp, MemBuffer, MetaOps, ReduceOps, UnaryOps
@@ -386,6 +387,8 @@ def _schedule(outs: Sequence[LazyBuffer], seen: Set[LazyBuffer]) -> Tuple[List[S
 def create_schedule_with_vars(outs: Sequence[LazyBuffer], seen: Optional[Set[LazyBuffer]] = None) -> Tuple[List[ScheduleItem], Dict[Variable, int]]:
   """Schedule the computation of outs: the kernels in run order and the values of the symbolic variables."""
   schedule, var_vals = _schedule(outs, set() if seen is None else seen)
+  if graph_viz.GRAPH:  # GRAPH=1: draw the schedule graph (tiny/engine/graph_viz.py)
+    graph_viz.record_schedule(schedule)
   # _schedule has returned, so the scheduler holds no LazyBuffers: lb_refcount now tells which buffers are private
   return memory_planner(schedule), var_vals
 
