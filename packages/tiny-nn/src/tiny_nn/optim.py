@@ -1,9 +1,14 @@
-"""Optimizers. Each `step()` builds every parameter and state update lazily and realizes them together in one schedule."""
+"""Optimizers. Each `step()` builds every parameter and state update lazily and realizes them together in one schedule.
+
+The update math runs in at least float32 whatever the parameter dtype (float64 parameters keep float64): gradients and
+weights are cast up, optimizer state (momentum, Adam moments, lr) is kept in that dtype, and only the new weight is cast
+back. A half model then trains without its updates overflowing (lr * g) or vanishing (g * g underflows in half).
+"""
 from __future__ import annotations
 
 from typing import List, Optional, Union
 
-from tiny.dtype import dtypes
+from tiny.dtype import DType, dtypes, least_upper_dtype
 from tiny.helpers import dedup, flatten
 from tiny.tensor import Tensor
 
@@ -29,7 +34,9 @@ class Optimizer:
     self.buffers: List[Tensor] = dedup([x for x in params if not x.requires_grad])
     if lr < 0:
       raise ValueError(f"learning rate must be non-negative, got {lr}")
-    self.lr = Tensor([lr], requires_grad=False, device=self.params[0].device).contiguous()
+    # float32 (float64 with float64 parameters) whatever dtypes.default_float is: a half lr would overflow past 65504
+    self.state_dtype: DType = least_upper_dtype(*[self._math_dtype(t) for t in self.params])
+    self.lr = Tensor([lr], dtype=self.state_dtype, requires_grad=False, device=self.params[0].device).contiguous()
 
   def zero_grad(self) -> None:
     """Forgets the gradients of all parameters."""
@@ -49,10 +56,21 @@ class Optimizer:
   def _step(self) -> List[Tensor]:
     raise NotImplementedError
 
+  @staticmethod
+  def _math_dtype(t: Tensor) -> DType:
+    """The dtype the update of parameter `t` is computed and its state kept in: float32, or float64 for float64."""
+    return least_upper_dtype(t.dtype, dtypes.float32)
+
   def _grad(self, t: Tensor) -> Tensor:
+    """The gradient of `t` in the optimizer's math dtype."""
     if t.grad is None:
       raise RuntimeError(f"parameter of shape {t.shape} has no gradient: call .backward() on the loss before step()")
-    return t.grad
+    return t.grad.cast(self._math_dtype(t))
+
+  @staticmethod
+  def _weight(t: Tensor) -> Tensor:
+    """The current value of parameter `t` in the optimizer's math dtype, outside the autograd graph."""
+    return t.detach().cast(Optimizer._math_dtype(t))
 
   def _times_lr(self, x: Tensor) -> Tensor:
     # lr has shape (1,); keep the update's own shape, which matters for 0-d parameters
@@ -93,19 +111,19 @@ class LARS(Optimizer):
     if nesterov and momentum == 0:
       raise ValueError("nesterov momentum needs momentum > 0")
     self.momentum, self.wd, self.nesterov, self.classic, self.tcoef = momentum, weight_decay, nesterov, classic, tcoef
-    self.b: List[Tensor] = [Tensor.zeros(*t.shape, dtype=t.dtype, device=t.device, requires_grad=False).contiguous()
+    self.b: List[Tensor] = [Tensor.zeros(*t.shape, dtype=self._math_dtype(t), device=t.device, requires_grad=False).contiguous()
                             for t in self.params] if momentum else []
 
   def _step(self) -> List[Tensor]:
     for i, t in enumerate(self.params):
-      g = self._grad(t)
+      g, w = self._grad(t), self._weight(t)
       r: Union[Tensor, float] = 1.0
       if self.tcoef != 0:
-        w_norm, g_norm = t.detach().square().sum().sqrt(), g.square().sum().sqrt()
+        w_norm, g_norm = w.square().sum().sqrt(), g.square().sum().sqrt()
         r = (w_norm > 0).where((g_norm > 0).where(self.tcoef * w_norm / (g_norm + self.wd * w_norm), 1.0), 1.0)
       if self.wd:
         # skipped, not multiplied by 0: that costs work and turns an inf weight into a NaN step (torch skips it too)
-        g = g + self.wd * t.detach()
+        g = g + self.wd * w
       if self.classic:
         g = self._times_lr(g * r)
       if self.momentum:
@@ -113,7 +131,7 @@ class LARS(Optimizer):
         g = (g + self.momentum * self.b[i]) if self.nesterov else self.b[i]
       if not self.classic:
         g = self._times_lr(g * r)
-      t.assign((t.detach() - g).cast(t.dtype))
+      t.assign((w - g).cast(t.dtype))
     return self.b
 
 
@@ -138,27 +156,27 @@ class LAMB(Optimizer):
     self.b1, self.b2, self.eps, self.wd, self.adam = b1, b2, eps, weight_decay, adam
     dev = self.params[0].device
     # running products b1^t and b2^t for the bias correction
-    self.b1_t, self.b2_t = (Tensor([1], dtype=dtypes.float32, device=dev, requires_grad=False).contiguous() for _ in range(2))
-    self.m = [Tensor.zeros(*t.shape, dtype=dtypes.float32, device=t.device, requires_grad=False).contiguous() for t in self.params]
-    self.v = [Tensor.zeros(*t.shape, dtype=dtypes.float32, device=t.device, requires_grad=False).contiguous() for t in self.params]
+    self.b1_t, self.b2_t = (Tensor([1], dtype=self.state_dtype, device=dev, requires_grad=False).contiguous() for _ in range(2))
+    self.m = [Tensor.zeros(*t.shape, dtype=self._math_dtype(t), device=t.device, requires_grad=False).contiguous() for t in self.params]
+    self.v = [Tensor.zeros(*t.shape, dtype=self._math_dtype(t), device=t.device, requires_grad=False).contiguous() for t in self.params]
 
   def _step(self) -> List[Tensor]:
     self.b1_t.assign(self.b1_t * self.b1)
     self.b2_t.assign(self.b2_t * self.b2)
     for i, t in enumerate(self.params):
-      g = self._grad(t).float()
+      g, w = self._grad(t), self._weight(t)
       self.m[i].assign(self.b1 * self.m[i] + (1.0 - self.b1) * g)
       self.v[i].assign(self.b2 * self.v[i] + (1.0 - self.b2) * (g * g))
       m_hat = (self.m[i] / (1.0 - self.b1_t)).reshape(t.shape)
       v_hat = (self.v[i] / (1.0 - self.b2_t)).reshape(t.shape)
       up = m_hat / (v_hat.sqrt() + self.eps)
       if self.wd:
-        up = up + self.wd * t.detach()
+        up = up + self.wd * w
       r: Union[Tensor, float] = 1.0
       if not self.adam:
-        w_norm, u_norm = t.detach().square().sum().sqrt(), up.square().sum().sqrt()
+        w_norm, u_norm = w.square().sum().sqrt(), up.square().sum().sqrt()
         r = (w_norm > 0).where((u_norm > 0).where(w_norm / u_norm, 1.0), 1.0)
-      t.assign((t.detach() - self._times_lr(up * r)).cast(t.dtype))
+      t.assign((w - self._times_lr(up * r)).cast(t.dtype))
     return [self.b1_t, self.b2_t] + self.m + self.v
 
 
