@@ -370,7 +370,7 @@ def test_gguf_malformed(tmp_path):
   fn.write_bytes(b"GGML" + raw[4:])
   with pytest.raises(WeightFileError, match="magic"):
     gguf_load(fn)
-  write_gguf(fn, {}, [("t", [32], 13, b"\0" * 100)])
+  write_gguf(fn, {}, [("t", [32], 16, b"\0" * 100)])
   with pytest.raises(WeightFileError, match="unsupported ggml type"):
     gguf_load(fn)
   write_gguf(fn, {}, [("t", [30], 8, raw8)])

@@ -869,9 +869,10 @@ def torch_load(fn: PathLike, *, max_pickle_bytes: int = _MAX_PICKLE_BYTES, max_e
 _GGUF_SCALARS: Dict[int, Tuple[str, int]] = {0: ("<B", 1), 1: ("<b", 1), 2: ("<H", 2), 3: ("<h", 2), 4: ("<I", 4), 5: ("<i", 4), 6: ("<f", 4),
                                              7: ("<?", 1), 10: ("<Q", 8), 11: ("<q", 8), 12: ("<d", 8)}
 _GGUF_STRING, _GGUF_ARRAY = 8, 9
-# ggml type id -> (name, elements per block, bytes per block)
+# ggml type id -> (name, elements per block, bytes per block); the K-quants pack 256 elements into a super-block
 GGML_TYPES: Dict[int, Tuple[str, int, int]] = {0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 8: ("Q8_0", 32, 34),
-                                               30: ("BF16", 1, 2)}
+                                               10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110), 12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176),
+                                               14: ("Q6_K", 256, 210), 15: ("Q8_K", 256, 292), 30: ("BF16", 1, 2)}
 
 
 class _Reader:
@@ -938,14 +939,73 @@ def _dequantize(raw: np.ndarray, ggml_type: int, n: int) -> np.ndarray:
       return (d * (q - 8)).reshape(-1)
     m = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)
     return (d * q + m).reshape(-1)
+  return _dequantize_k(raw.reshape(nb, GGML_TYPES[ggml_type][2]), name).reshape(-1)
+
+
+def _f16(blocks: np.ndarray, at: int) -> np.ndarray:
+  """The float16 at byte `at` of every block, as a (blocks, 1) float32 column."""
+  return blocks[:, at:at + 2].copy().view(np.float16).astype(np.float32)
+
+
+def _scale_min_k4(s: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+  """Q4_K/Q5_K: 12 bytes -> 8 six-bit scales and 8 six-bit mins. Sub-blocks 0-3 use the low 6 bits of bytes 0-3 (scales)
+  and 4-7 (mins); sub-blocks 4-7 take their low 4 bits from the nibbles of bytes 8-11 and their top 2 bits from the spare
+  top bits of bytes 0-3 (scales) and 4-7 (mins)."""
+  sc = np.concatenate([s[:, 0:4] & 63, (s[:, 8:12] & 0x0F) | ((s[:, 0:4] >> 6) << 4)], axis=1)
+  mn = np.concatenate([s[:, 4:8] & 63, (s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4)], axis=1)
+  return sc.astype(np.float32), mn.astype(np.float32)
+
+
+def _two_bit_planes(qs: np.ndarray) -> np.ndarray:
+  """Q2_K/Q3_K: 64 bytes -> 256 two-bit values. Each half of the super-block reads 32 bytes four times, shifting by 0/2/4/6."""
+  return (qs.reshape(-1, 2, 1, 32) >> (2 * np.arange(4, dtype=np.uint8)).reshape(1, 1, 4, 1)) & 3
+
+
+def _dequantize_k(blocks: np.ndarray, name: str) -> np.ndarray:
+  """(super-blocks, bytes) of a K-quant -> (super-blocks, 256) float32, following ggml's block layouts."""
+  nb = blocks.shape[0]
+  if name == "Q8_K":  # float32 d, 256 int8, 16 int16 partial sums (only used by dot products)
+    return blocks[:, 0:4].copy().view(np.float32) * blocks[:, 4:260].view(np.int8).astype(np.float32)
+  if name in ("Q4_K", "Q5_K"):  # d, dmin, 12 bytes of scales/mins, [32 bytes of 5th bits], 128 bytes of nibbles
+    sc, mn = _scale_min_k4(blocks[:, 4:16])
+    ql = blocks[:, -128:].reshape(nb, 4, 1, 32)
+    # each 32-byte chunk holds two sub-blocks of 32: low nibbles first, then high nibbles
+    q = np.concatenate([ql & 0x0F, ql >> 4], axis=2).reshape(nb, 8, 32)
+    if name == "Q5_K":  # bit k of qh[l] is the 5th bit of element l of sub-block k
+      q = q | (((blocks[:, 16:48].reshape(nb, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & 1) << 4)
+    d1, m1 = _f16(blocks, 0) * sc, _f16(blocks, 2) * mn
+    return d1[:, :, None] * q.astype(np.float32) - m1[:, :, None]
+  if name == "Q6_K":  # 128 bytes of low nibbles, 64 bytes of top 2 bits, 16 int8 scales, d
+    ql, qh = blocks[:, 0:128].reshape(nb, 2, 1, 64), blocks[:, 128:192].reshape(nb, 2, 1, 32)
+    low = np.concatenate([ql & 0x0F, ql >> 4], axis=2).reshape(nb, 2, 4, 32)  # quarters: lo(0:32), lo(32:64), hi(0:32), hi(32:64)
+    high = (qh >> (2 * np.arange(4, dtype=np.uint8)).reshape(1, 1, 4, 1)) & 3
+    q = (low | (high << 4)).astype(np.float32).reshape(nb, 16, 16) - 32
+    scale = _f16(blocks, 208) * blocks[:, 192:208].view(np.int8).astype(np.float32)
+    return (scale[:, :, None] * q).reshape(nb, 256)
+  if name == "Q2_K":  # 16 bytes of (min << 4 | scale) per 16 elements, 64 bytes of 2-bit values, d, dmin
+    s = blocks[:, 0:16]
+    d1, m1 = _f16(blocks, 80) * (s & 0x0F).astype(np.float32), _f16(blocks, 82) * (s >> 4).astype(np.float32)
+    q = _two_bit_planes(blocks[:, 16:80]).astype(np.float32).reshape(nb, 16, 16)
+    return (d1[:, :, None] * q - m1[:, :, None]).reshape(nb, 256)
+  if name == "Q3_K":  # 32 bytes of high-bit mask, 64 bytes of 2-bit values, 12 bytes of 6-bit scales, d
+    s = blocks[:, 96:108]
+    # scale k: low 4 bits from byte k % 8 (low nibble for k < 8, high nibble after), top 2 bits from byte 8 + k % 4
+    lo = np.concatenate([s[:, 0:8] & 0x0F, s[:, 0:8] >> 4], axis=1)
+    hi = (np.tile(s[:, 8:12], 4) >> np.repeat(2 * np.arange(4, dtype=np.uint8), 4)) & 3
+    scale = _f16(blocks, 108) * ((lo | (hi << 4)).astype(np.float32) - 32)
+    # a clear bit in the mask subtracts 4; bit n*4+j of mask byte l belongs to element l of quarter j of half n
+    hbit = (blocks[:, 0:32].reshape(nb, 1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 2, 4, 1)) & 1
+    q = (_two_bit_planes(blocks[:, 32:96]).astype(np.float32) - 4 * (1 - hbit).astype(np.float32)).reshape(nb, 16, 16)
+    return (scale[:, :, None] * q).reshape(nb, 256)
   raise AssertionError(name)
 
 
 def gguf_load(fn: Union[Tensor, PathLike]) -> Tuple[Dict[str, Any], Dict[str, Tensor]]:
   """Reads a GGUF (v2/v3) file: returns (key/value metadata, {name: tensor}).
 
-  F32 tensors keep their dtype, F16 stays float16, and the quantized types (Q4_0, Q4_1, Q8_0) and BF16 are dequantized
-  to float32. Shapes are in row-major order (GGUF lists dimensions fastest-first; they are reversed here).
+  F32 tensors keep their dtype, F16 stays float16, and the quantized types (Q4_0, Q4_1, Q8_0, and the K-quants Q2_K, Q3_K,
+  Q4_K, Q5_K, Q6_K, Q8_K) and BF16 are dequantized to float32.
+  Shapes are in row-major order (GGUF lists dimensions fastest-first; they are reversed here).
   """
   where = "<tensor>" if isinstance(fn, Tensor) else os.fspath(fn)
   if isinstance(fn, Tensor):
