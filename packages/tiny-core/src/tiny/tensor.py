@@ -1362,6 +1362,9 @@ class Tensor:
   def conv2d(self, weight: Tensor, bias: Optional[Tensor] = None, groups: int = 1, stride: Union[int, Tuple[int, ...]] = 1,
              dilation: Union[int, Tuple[int, ...]] = 1, padding: Union[int, Sequence[int]] = 0, acc_dtype: Optional[DTypeLike] = None) -> Tensor:
     """N-d convolution (cross-correlation, like torch): self is (bs, cin, *spatial), weight is (cout, cin/groups, *kernel)."""
+    from tiny.winograd import winograd_conv2d  # WINO=1: Winograd F(4x4,3x3) for eligible 3x3 convs; None means "not taken"
+    if (wino := winograd_conv2d(self, weight, bias, groups, stride, dilation, padding, acc_dtype)) is not None:
+      return wino
     if self.ndim < 3 or self.ndim != weight.ndim:
       raise ShapeError(f"conv2d input {self.shape} and weight {weight.shape} need the same number (>=3) of dims")
     cin_, (cout, cin), HW = self.shape[1], weight.shape[:2], weight.shape[2:]  # noqa: N806
