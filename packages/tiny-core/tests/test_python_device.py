@@ -11,8 +11,23 @@ from tiny.codegen.uops import UOp, UOps
 from tiny.dtype import DType, PtrDType, dtypes
 from tiny.ops import BinaryOps
 from tiny.renderer import RegisterLayout, TensorCore
-from tiny.runtime.emulated_tensor_cores import amd_tensor_cores, metal_tensor_cores
 from tiny.runtime.ops_python import PythonAllocator, PythonCompiler, PythonKernelError, PythonProgram, PythonRenderer
+
+
+def _renderer_tensor_cores(device: str) -> List[TensorCore]:
+  """The tensor cores the device's own package declares (the emulator takes them from its renderer), or skip."""
+  try:
+    return list(PythonRenderer(device).tensor_cores)
+  except ValueError as e:
+    pytest.skip(f"tiny-{device.lower()} is not installed: {e}")
+
+
+def amd_tensor_cores() -> List[TensorCore]:
+  return _renderer_tensor_cores("AMD")
+
+
+def metal_tensor_cores() -> List[TensorCore]:
+  return _renderer_tensor_cores("METAL")
 
 
 def _g(idx: int, dt: DType, mutable: bool = False) -> UOp:
@@ -302,6 +317,7 @@ from hypothesis import given, settings, strategies as st  # noqa: E402
 
 from tiny.ops import TernaryOps, UnaryOps, exec_alu, python_alu  # noqa: E402
 from tiny.runtime.ops_python import lane_alu  # noqa: E402
+
 
 _ALU_DTYPES = [dtypes.bool, dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16, dtypes.int32, dtypes.uint32, dtypes.int64, dtypes.uint64,
                dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from typing import List
 
 import pytest
 
@@ -9,9 +10,25 @@ from tiny.codegen.uops import UOp, UOps
 from tiny.dtype import PtrDType, dtypes
 from tiny.ops import BinaryOps, UnaryOps
 from tiny.renderer import Program, Renderer, TensorCore
-from tiny.runtime.emulated_tensor_cores import amd_tensor_cores, metal_tensor_cores
 from tiny.renderer.cstyle import CStyleLanguage, RenderError
+from tiny.runtime.ops_python import PythonRenderer
 from tiny.shape.symbolic import Variable
+
+
+def _renderer_tensor_cores(device: str) -> List[TensorCore]:
+  """The tensor cores the device's own package declares (the emulator takes them from its renderer), or skip."""
+  try:
+    return list(PythonRenderer(device).tensor_cores)
+  except ValueError as e:
+    pytest.skip(f"tiny-{device.lower()} is not installed: {e}")
+
+
+def amd_tensor_cores() -> List[TensorCore]:
+  return _renderer_tensor_cores("AMD")
+
+
+def metal_tensor_cores() -> List[TensorCore]:
+  return _renderer_tensor_cores("METAL")
 
 
 def _kernel_with_vars():

@@ -253,18 +253,14 @@ def emulated_from_env() -> Optional[str]:
 def emulated_tensor_cores(device: str) -> List[TensorCore]:
   """The tensor cores of `device` for the PYTHON device to emulate.
 
-  The device's own renderer is the authority (asked through the registry: no device is built, no hardware touched); only
-  devices whose packages have no renderer yet fall back to tiny.runtime.emulated_tensor_cores."""
+  The device's own renderer is the only authority (asked through the registry: no device is built, no hardware touched),
+  so core holds no vendor's tensor cores."""
   from tiny.registry import Device, DeviceError
   tcs: List[TensorCore] = []
   try:
     tcs = list(getattr(Device.renderer(device), "tensor_cores", None) or [])
   except (DeviceError, NotImplementedError):
-    pass  # not installed, or a stub plugin without a renderer
-  if not tcs:
-    from tiny.runtime.emulated_tensor_cores import WITHOUT_RENDERER
-    if device in WITHOUT_RENDERER:
-      tcs = WITHOUT_RENDERER[device]()
+    pass  # not installed, or a plugin without a renderer
   if not tcs:
     raise ValueError(f"PYTHON cannot emulate the tensor cores of {device!r}: no installed device of that name declares any")
   if missing := [str(tc) for tc in tcs if not tc.layout]:
