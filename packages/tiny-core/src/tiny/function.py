@@ -302,6 +302,21 @@ class Div(Function):
            (_div(grad_output.e(UnaryOps.NEG).e(BinaryOps.MUL, self.x), self.y.e(BinaryOps.MUL, self.y)) if self.needs_input_grad[1] else None)
 
 
+class WithGrad(Function):
+  """apply(*inputs, value, *derivatives, n=len(inputs)): forward gives value; backward gives grad_output * derivative[i] to inputs[i].
+
+  value and the derivatives are detached tensors of the output's shape, built by the caller. This lets Tensor code state
+  the derivative torch uses where autograd of its forward composition would differ (pow at 0, std where it is 0)."""
+
+  def forward(self, *bufs: LazyBuffer, n: int) -> LazyBuffer:
+    self.n, self.derivs = n, bufs[n + 1:]
+    return bufs[n]
+
+  def backward(self, grad_output: LazyBuffer) -> Tuple[Optional[LazyBuffer], ...]:
+    grads = [d.e(BinaryOps.MUL, grad_output) if need else None for d, need in zip(self.derivs, self.needs_input_grad)]
+    return (*grads, *([None] * (self.n + 1)))
+
+
 # ************* ternary ops *************
 
 class Where(Function):

@@ -34,8 +34,18 @@ class TensorError(ValueError):
   """Base of the errors a user can cause through the Tensor API (bad shapes, axes, dtypes)."""
 
 
-class ShapeError(TensorError):
-  """Shapes that do not fit the operation (mismatch, not broadcastable, bad reshape)."""
+class ShapeError(TensorError, RuntimeError):
+  """Shapes that do not fit the operation (mismatch, not broadcastable, bad reshape); a RuntimeError too, as torch raises."""
+
+
+class AxisError(TensorError, IndexError):
+  """A dimension/axis argument out of range for the tensor; an IndexError too, as torch raises."""
+
+
+class DTypeError(TensorError, TypeError, RuntimeError):
+  """An operation used on a dtype it does not support (bitwise ops on floats, a bitcast whose sizes don't fit).
+
+  Also a TypeError, and a RuntimeError since that is what torch raises for these, so ported except clauses still match."""
 
 
 # *********** autograd Function base ***********
@@ -164,6 +174,8 @@ class Tensor:
     elif isinstance(data, (bool, int, float)) or (isinstance(data, np.generic) and data.shape == ()):
       if isinstance(data, np.generic):
         dtype, data = dtype or _from_np_dtype(data.dtype), data.item()
+      if dtype is None and data.__class__ is int:
+        dtype = _infer_list_dtype([data])   # int64 for an int that int32 can't hold
       lb = LazyBuffer.metaop(MetaOps.CONST, (), dtype or dtypes.from_py(data), device, dtypes.as_const(data, dtype or dtypes.from_py(data)))
     elif isinstance(data, Variable):
       lb = LazyBuffer.metaop(MetaOps.CONST, (), dtype or dtypes.from_py(data.unbind()[1]), device, data)
@@ -171,13 +183,9 @@ class Tensor:
       lb = _fromnp(np.frombuffer(data, dtype=np.uint8)) if dtype is None or dtype == dtypes.uint8 else \
         _fromnp(np.frombuffer(data, dtype=_np_dtype_or_raise(dtype)))
     elif isinstance(data, (list, tuple)):
+      data = _nested_tolist(data)
       if dtype is None:
-        flat = fully_flatten(data)
-        if flat and all(isinstance(s, (bool, np.bool_)) for s in flat):
-          dtype = dtypes.bool
-        else:
-          dtype = dtypes.default_int if flat and all(isinstance(s, (int, np.integer)) and not isinstance(s, bool) for s in flat) \
-            else dtypes.default_float
+        dtype = _infer_list_dtype(fully_flatten(data))
       shape = get_shape(data)
       if dtype == dtypes.bfloat16:
         lb = Tensor(np.array(data, dtype=np.float32).reshape(shape), device=device).cast(dtypes.bfloat16).lazydata
@@ -442,11 +450,20 @@ class Tensor:
 
   @staticmethod
   def rand(*shape: Any, device: Optional[str] = None, dtype: Optional[DTypeLike] = None, **kwargs: Any) -> Tensor:
-    """Uniform random numbers in [0, 1), from the counter-based Threefry generator run on the device."""
+    """Uniform random numbers in [0, 1), from the counter-based Threefry generator run on the device.
+
+    dtype=dtypes.bool follows tinygrad 0.9: uniform float32 numbers cast to bool, so an element is False only when its
+    draw is exactly 0.0 (probability 2**-23) -- almost all True; use `Tensor.rand(...) < p` for random booleans.
+    Integer dtypes raise DTypeError (torch refuses them too)."""
     dt = _to_dtype(dtype or dtypes.default_float)
+    if dt == dtypes.bool:
+      return Tensor.rand(*shape, device=device, dtype=dtypes.float32, **kwargs).cast(dtypes.bool)
     if not dtypes.is_float(dt):
-      raise TypeError(f"rand makes floats, not {dt}")
+      raise DTypeError(f"rand makes floats (or bools), not {dt}")
     shape = _check_shape(argfix(*shape))
+    if isinstance(device, (tuple, list)):
+      # several devices: the numbers are drawn on the first and copied, so they equal a single-device draw
+      return Tensor.rand(*shape, device=device[0], dtype=dt, **kwargs).shard(tuple(device))
     device = Device.canonicalize(device)
     if (num := prod(shape)) == 0:
       return Tensor.zeros(shape, device=device, dtype=dt, **kwargs)
@@ -557,7 +574,7 @@ class Tensor:
       raise ValueError(f"randint needs low < high, got {low=} {high=}")
     dtype = _to_dtype(kwargs.pop("dtype", dtypes.int32))
     if not dtypes.is_int(dtype):
-      raise TypeError(f"randint makes ints, not {dtype}")
+      raise DTypeError(f"randint makes ints, not {dtype}")
     return Tensor.uniform(*shape, low=low, high=high, dtype=dtype, **kwargs)
 
   @staticmethod
@@ -808,7 +825,7 @@ class Tensor:
       raise TypeError(f"dimension must be an int, got {dim!r}")
     total = max(1, self.ndim + int(outer))
     if not -total <= dim < total:
-      raise IndexError(f"dimension {dim} is out of range for a tensor of {self.ndim} dims (expected [{-total}, {total - 1}])")
+      raise AxisError(f"dimension {dim} is out of range for a tensor of {self.ndim} dims (expected [{-total}, {total - 1}])")
     return int(dim) + self.ndim + int(outer) if dim < 0 else int(dim)
 
   # ***** indexing *****
@@ -820,6 +837,7 @@ class Tensor:
     on the host already; Tensor indices only under CHECK_INDEX=1 (see check_index_tensor)."""
     if not isinstance(indices, tuple):
       indices = (indices,)
+    indices = self._expand_masks(indices)
     items: List[Any] = []
     hosts: List[Optional[np.ndarray]] = []   # host values of the list/array indices, parallel to items
     for i in indices:
@@ -866,6 +884,35 @@ class Tensor:
           check_index_tensor(it, size, f"axis {dim} with size {size}")
       dim += 1
     return items
+
+  def _expand_masks(self, indices: Tuple[Any, ...]) -> Tuple[Any, ...]:
+    """indices with lists of (0-d) Tensors stacked into one Tensor, and each boolean mask (bool Tensor, array or list) over
+    k dims replaced by the k integer arrays of its True positions, as numpy/torch read a mask. A bool Tensor mask is read
+    back to the host for that (a device sync; its count sets the result's shape)."""
+    out: List[Any] = []
+    ell = next((k for k, i in enumerate(indices) if i is Ellipsis), None)
+    for k, i in enumerate(indices):
+      if isinstance(i, (list, tuple)) and i and any(isinstance(v, Tensor) for v in i):
+        i = Tensor.stack(*[(v if isinstance(v, Tensor) else Tensor(v, requires_grad=False)).to(self.device) for v in i])
+      mask: Optional[np.ndarray] = None
+      if isinstance(i, Tensor) and i.dtype == dtypes.bool:
+        mask = i.numpy()
+      elif isinstance(i, np.ndarray) and i.dtype == np.bool_:
+        mask = i
+      elif isinstance(i, (list, tuple)) and i and (arr := np.asarray(i)).dtype == np.bool_:
+        mask = arr
+      if mask is None:
+        out.append(i)
+        continue
+      if mask.ndim == 0:
+        raise IndexError("indexing with a 0-d boolean mask is not supported")
+      # the dims the mask covers: counted from the front before an Ellipsis, from the back after it
+      start = _indexed_dims(indices[:k]) if ell is None or k < ell else self.ndim - _indexed_dims(indices[k:])
+      if tuple(self.shape[start:start + mask.ndim]) != mask.shape:
+        raise IndexError(f"boolean mask of shape {mask.shape} does not match the dims {tuple(self.shape[start:start + mask.ndim])} "
+                         f"it indexes (from dim {start}) of shape {self.shape}")
+      out.extend(np.nonzero(mask))
+    return tuple(out)
 
   def _getitem(self, indices: Any, v: Optional[Tensor] = None) -> Any:
     """x[indices]; with v, instead return (v scattered to self's shape, mask of the positions written) for __setitem__."""
@@ -1000,6 +1047,10 @@ class Tensor:
   def __getitem__(self, indices: Any) -> Tensor:
     """numpy-style indexing: ints, slices (any step), None, Ellipsis and integer tensors/lists/tuples/ranges/arrays.
 
+    A boolean mask (bool Tensor, numpy array or list) selects its True positions over the dims it covers, like torch's
+    x[mask]; a bool Tensor mask is realized and read back for that (a device sync), since its count sets the shape.
+    A list of 0-d Tensors is one index tensor (numpy's reading).
+
     Negative indices count from the end (-size..size-1 are valid). An out-of-range int, list, tuple, range or numpy
     index raises IndexError, as in torch. Integer Tensor indices are not checked by default (that would need a device
     sync): an out-of-range one reads 0. Set CHECK_INDEX=1 (or `with Context(CHECK_INDEX=1)`) to read them back and
@@ -1033,7 +1084,7 @@ class Tensor:
     if any(i > s for d, (s, i) in enumerate(zip(self.shape, index.shape)) if d != dim):
       raise ShapeError(f"gather index shape {index.shape} is bigger than {self.shape} outside dim {dim}")
     if not dtypes.is_int(index.dtype):
-      raise TypeError(f"gather index must be an integer tensor, got {index.dtype}")
+      raise DTypeError(f"gather index must be an integer tensor, got {index.dtype}")
     index = index.to(self.device)
     n = self.shape[dim]
     check_index_tensor(index, n, f"gather along axis {dim} with size {n}", allow_negative=False)
@@ -1043,6 +1094,156 @@ class Tensor:
     mask = index.unsqueeze(-1) == Tensor.arange(cast(int, n), device=self.device, requires_grad=False)
     work_dtype = dtypes.uint8 if self.dtype == dtypes.bool else self.dtype
     return mask.where(x.cast(work_dtype), 0).sum(-1, acc_dtype=work_dtype).cast(self.dtype)
+
+  def scatter(self, dim: int, index: Tensor, src: Union[Tensor, ConstType], reduce: Optional[str] = None) -> Tensor:
+    """Out-of-place torch.Tensor.scatter: out[index[i][j]][j] = src[i][j] for dim=0 (and so on), self elsewhere.
+
+    src may be a number. reduce='add'/'multiply' accumulate into self instead (torch's legacy form of scatter_reduce).
+    Where several positions of index name the same target, the last one (in row-major order) wins, as on torch's CPU.
+    Index values are not bounds-checked unless CHECK_INDEX=1 (an out-of-range one writes nothing)."""
+    if reduce is not None:
+      if reduce not in ("add", "multiply"):
+        raise ValueError(f"scatter reduce must be 'add' or 'multiply', got {reduce!r}")
+      return self.scatter_reduce(dim, index, src if isinstance(src, Tensor) else index.full_like(src, dtype=self.dtype),
+                                 "sum" if reduce == "add" else "prod")
+    dim, src_t, sel = self._scatter_setup(dim, index, src, "scatter")
+    # keep only the last source position per target: the one whose position along dim is the largest
+    pos = Tensor.arange(cast(int, index.shape[dim]), device=self.device, requires_grad=False).reshape(
+      (1,) * dim + (-1,) + (1,) * (index.ndim - dim))
+    last = sel.where(pos, -1).max(axis=dim, keepdim=True)
+    sel = sel & (pos == last)
+    vals = sel.where(src_t, 0).sum(axis=dim, acc_dtype=src_t.dtype)
+    return self._scatter_finish(dim, index, sel.any(axis=dim), vals.cast(self.dtype))
+
+  def scatter_reduce(self, dim: int, index: Tensor, src: Tensor, reduce: str, include_self: bool = True) -> Tensor:
+    """Out-of-place torch.Tensor.scatter_reduce: reduce ('sum', 'prod', 'mean', 'amax', 'amin') the src values that index
+    sends to each position of self along dim, together with self's value there when include_self; untouched positions keep
+    self. 'mean' on integer tensors rounds toward negative infinity, like torch. Index values are not bounds-checked
+    unless CHECK_INDEX=1 (an out-of-range one contributes nothing)."""
+    if reduce not in ("sum", "prod", "mean", "amax", "amin"):
+      raise ValueError(f"scatter_reduce reduce must be one of sum, prod, mean, amax, amin; got {reduce!r}")
+    dim, src_t, sel = self._scatter_setup(dim, index, src, "scatter_reduce")
+    written = sel.any(axis=dim)
+    src_t = src_t.cast(self.dtype)
+    if reduce in ("sum", "mean"):
+      red = sel.where(src_t, 0).sum(axis=dim, acc_dtype=self.dtype if dtypes.is_float(self.dtype) else None)
+    elif reduce == "prod":
+      red = sel.where(src_t, 1).prod(axis=dim)
+    elif reduce == "amax":
+      red = sel.where(src_t, dtypes.min(self.dtype)).max(axis=dim)
+    else:
+      red = sel.where(src_t, dtypes.max(self.dtype)).min(axis=dim)
+    base = self._scatter_finish(dim, index, written, red.cast(self.dtype), fill_only=True)
+    count = self._scatter_finish(dim, index, written, sel.cast(dtypes.int32).sum(axis=dim), fill_only=True)
+    full_written = self._scatter_finish(dim, index, written, written, fill_only=True)
+    if include_self:
+      combine = {"sum": lambda a, b: a + b, "mean": lambda a, b: a + b, "prod": lambda a, b: a * b, "amax": Tensor.maximum, "amin": Tensor.minimum}
+      base = combine[reduce](self, base)
+      count = count + 1
+    if reduce == "mean":
+      # untouched positions have count 0 but keep self below; 1 there avoids an integer division by zero
+      count = count.maximum(1)
+      base = base / count if dtypes.is_float(self.dtype) else base.floordiv(count)
+    return full_written.where(base, self).cast(self.dtype)
+
+  def _scatter_setup(self, dim: int, index: Tensor, src: Union[Tensor, ConstType], name: str) -> Tuple[int, Tensor, Tensor]:
+    """Checks, and (dim, src cut to index's shape with a trailing target axis, one-hot mask index.shape + (n,))."""
+    if not isinstance(index, Tensor) or not dtypes.is_int(index.dtype):
+      raise DTypeError(f"{name} index must be an integer Tensor, got {getattr(index, 'dtype', type(index).__name__)}")
+    if index.ndim != self.ndim:
+      raise ShapeError(f"{name} needs index.ndim == self.ndim, got {index.ndim} and {self.ndim}")
+    dim = self._resolve_dim(dim)
+    index = index.to(self.device)
+    if any(i > s for d, (s, i) in enumerate(zip(self.shape, index.shape)) if d != dim):
+      raise ShapeError(f"{name} index shape {index.shape} is bigger than self {self.shape} outside dim {dim}")
+    if isinstance(src, Tensor):
+      if src.ndim != self.ndim or any(i > s for s, i in zip(src.shape, index.shape)):
+        raise ShapeError(f"{name} index shape {index.shape} is bigger than src {src.shape}")
+      src_t = src.to(self.device).shrink(tuple((0, i) for i in index.shape))
+    else:
+      src_t = Tensor.full(index.shape, src, dtype=self.dtype, device=self.device)
+    n = self.shape[dim]
+    check_index_tensor(index, n, f"{name} along axis {dim} with size {n}", allow_negative=False)
+    sel = index.unsqueeze(-1) == Tensor.arange(cast(int, n), device=self.device, requires_grad=False)
+    return dim, src_t.unsqueeze(-1), sel
+
+  def _scatter_finish(self, dim: int, index: Tensor, written: Tensor, vals: Tensor, fill_only: bool = False) -> Tensor:
+    """vals (index.shape without dim, + target axis n) moved back to self's layout and padded out to self's shape; unless
+    fill_only, written positions take vals and the rest keep self."""
+    order = list(range(index.ndim - 1))
+    order.insert(dim, index.ndim - 1)
+    vals, written = vals.permute(order), written.permute(order)
+    pad = tuple((0, s - v) for s, v in zip(self.shape, vals.shape))
+    vals, written = vals.pad(pad), written.pad(pad)
+    return vals if fill_only else written.where(vals, self).cast(self.dtype)
+
+  def sort(self, dim: int = -1, descending: bool = False) -> Tuple[Tensor, Tensor]:
+    """(values, indices) sorted along dim, stable (equal elements keep their order, like torch's stable=True); NaN sorts
+    as the largest value, as in torch. Lazy: each element's rank is a count of comparisons against its whole row
+    (work n*n per row, no data-dependent control flow). Indices are int32, like argmax."""
+    if self.ndim == 0:
+      return self, Tensor(0, dtype=dtypes.int32, device=self.device)
+    dim = self._resolve_dim(dim)
+    n = cast(int, self.shape[dim])
+    x = self.detach().transpose(dim, -1)
+    a, b = x.unsqueeze(-1), x.unsqueeze(-2)     # a[..., i, j] = x[i], b[..., i, j] = x[j]
+    if dtypes.is_float(self.dtype):
+      a_nan, b_nan = a.isnan(), b.isnan()
+      before = ((b > a) | (b_nan & ~a_nan)) if descending else ((b < a) | (a_nan & ~b_nan))
+      same = (a == b) | (a_nan & b_nan)
+    else:
+      before, same = (b > a) if descending else (b < a), a == b
+    ar = Tensor.arange(n, device=self.device, requires_grad=False)
+    earlier = ar.unsqueeze(0) < ar.unsqueeze(1)    # [i, j]: j comes before i
+    rank = (before | (same & earlier)).cast(dtypes.int32).sum(-1)     # the sorted position of each element
+    idx = (rank.unsqueeze(-1) == ar).where(ar.unsqueeze(-1).cast(dtypes.int32), 0).sum(-2, acc_dtype=dtypes.int32).transpose(dim, -1)
+    return self.gather(dim, idx), idx
+
+  def topk(self, k: int, dim: int = -1, largest: bool = True, sorted: bool = True) -> Tuple[Tensor, Tensor]:  # noqa: A002 - torch's name
+    """(values, indices) of the k largest (smallest when not largest) elements along dim, in sorted order (also when
+    sorted=False, which torch allows). Ties keep the lower index first."""
+    dim = self._resolve_dim(dim) if self.ndim else 0
+    if not 0 <= k <= (self.shape[dim] if self.ndim else 1):
+      raise AxisError(f"topk k={k} is out of range for dim {dim} of shape {self.shape}")
+    values, indices = self.sort(dim, descending=largest)
+    if not self.ndim:
+      return values, indices
+    sl = (slice(None),) * dim + (slice(0, k),)
+    return values[sl], indices[sl]
+
+  def interpolate(self, size: Tuple[int, ...], mode: str = "linear", align_corners: bool = False) -> Tensor:
+    """Resize the last len(size) dims to size, like torch.nn.functional.interpolate with size= (linear is applied per dim,
+    so it is also torch's bilinear/trilinear; modes 'linear' (aliases 'bilinear', 'trilinear'), 'nearest', 'nearest-exact').
+    The source positions and weights are computed on the host in float32, the way torch computes them."""
+    if mode in ("bilinear", "trilinear"):
+      mode = "linear"
+    if mode not in ("linear", "nearest", "nearest-exact"):
+      raise ValueError(f"interpolate mode must be 'linear', 'nearest' or 'nearest-exact', got {mode!r}")
+    if align_corners and mode != "linear":
+      raise ValueError("align_corners only applies to mode='linear'")
+    size = tuple(size)
+    if not 0 < len(size) <= self.ndim or any(not isinstance(s, int) or s <= 0 for s in size):
+      raise ShapeError(f"interpolate size {size} must be positive ints for at most the {self.ndim} dims of {self.shape}")
+    x = self if dtypes.is_float(self.dtype) else self.cast(dtypes.default_float)
+    for d, m in zip(range(self.ndim - len(size), self.ndim), size):
+      n = cast(int, self.shape[d])
+      t = np.arange(m, dtype=np.float32)
+      scale = np.float32(n) / np.float32(m)
+      pre = (slice(None),) * d
+      if mode == "nearest":
+        x = x[pre + (np.minimum(np.floor(t * scale).astype(np.int64), n - 1),)]
+      elif mode == "nearest-exact":
+        x = x[pre + (np.minimum(np.floor((t + np.float32(0.5)) * scale).astype(np.int64), n - 1),)]
+      else:
+        if align_corners:
+          src = t * (np.float32(n - 1) / np.float32(m - 1)) if m > 1 else np.zeros(m, np.float32)
+        else:
+          src = np.maximum((t + np.float32(0.5)) * scale - np.float32(0.5), np.float32(0))
+        lo = np.minimum(np.floor(src).astype(np.int64), n - 1)
+        hi = np.minimum(lo + 1, n - 1)
+        w = Tensor((src - lo).astype(np.float32), device=self.device, requires_grad=False).reshape((m,) + (1,) * (self.ndim - d - 1))
+        x = x[pre + (lo,)] * (1 - w).cast(x.dtype) + x[pre + (hi,)] * w.cast(x.dtype)
+    return x
 
   def cat(self, *args: Tensor, dim: int = 0) -> Tensor:
     """Concatenate along dim (dtypes are promoted)."""
@@ -1152,13 +1353,23 @@ class Tensor:
 
   def var(self, axis: Optional[Union[int, Sequence[int]]] = None, keepdim: bool = False, correction: int = 1) -> Tensor:
     """Variance over axis with Bessel's correction (correction=0 for the population variance)."""
-    squares = (self - self.mean(axis=axis, keepdim=True)).square()
+    # the mean is detached: its gradient term is 0 in exact arithmetic, and torch's derivative leaves it out, which
+    # keeps inf/NaN where n <= correction exactly where torch has them
+    squares = (self - self.mean(axis=axis, keepdim=True).detach()).square()
     n = self._reduced_count(axis)
-    return squares.sum(axis=axis, keepdim=keepdim).div(max(0, n - correction))
+    sums = squares.sum(axis=axis, keepdim=keepdim)
+    if isinstance(dof := n - correction, int) and dof < 0 and sums.requires_grad and not Tensor.no_grad:
+      # the value divides by max(0, dof), torch's derivative by dof itself: 0 * -1/|dof| is 0 there, not NaN
+      return F.WithGrad.apply(sums, sums.detach().div(0), sums.detach().full_like(1.0 / dof), n=1)
+    return sums.div(max(0, dof))
 
   def std(self, axis: Optional[Union[int, Sequence[int]]] = None, keepdim: bool = False, correction: int = 1) -> Tensor:
-    """Standard deviation over axis."""
-    return self.var(axis, keepdim, correction).sqrt()
+    """Standard deviation over axis; its gradient is 0 where it is 0 (torch's rule, sqrt's derivative would be inf)."""
+    var = self.var(axis, keepdim, correction)
+    if Tensor.no_grad or not var.requires_grad:
+      return var.sqrt()
+    value = var.detach().sqrt()
+    return F.WithGrad.apply(var, value, (value == 0).where(0, (value * 2).reciprocal()), n=1)
 
   def var_mean(self, axis: Optional[Union[int, Sequence[int]]] = None, keepdim: bool = False, correction: int = 1) -> Tuple[Tensor, Tensor]:
     """(var, mean) over axis."""
@@ -1339,24 +1550,45 @@ class Tensor:
       return padding
     raise ShapeError(f"padding must be an int or have {n} or {2 * n} entries, got {padding}")
 
+  def _ceil_extra(self, k: Tuple[int, ...], stride: Optional[Union[int, Tuple[int, ...]]], dilation: Union[int, Tuple[int, ...]],
+                  pads: List[int]) -> List[int]:
+    """Extra right padding (pad2d order) that ceil_mode needs: torch rounds the output size up, but drops a last window
+    that would start past the input and its left padding."""
+    s_, d_ = make_pair(stride if stride is not None else k, len(k)), make_pair(dilation, len(k))
+    extra = []
+    for j, (kk, s, d) in enumerate(zip(k[::-1], s_[::-1], d_[::-1])):
+      i, pl, pr = cast(int, self.shape[-1 - j]), pads[2 * j], pads[2 * j + 1]
+      o = -(-(i + pl + pr - d * (kk - 1) - 1) // s) + 1
+      if (o - 1) * s >= i + pl:
+        o -= 1
+      extra += [0, max(0, (o - 1) * s + d * (kk - 1) + 1 - (i + pl + pr))]
+    return extra
+
   def avg_pool2d(self, kernel_size: Union[int, Tuple[int, ...]] = (2, 2), stride: Optional[Union[int, Tuple[int, ...]]] = None, dilation: int = 1,
-                 padding: Union[int, Tuple[int, ...]] = 0, count_include_pad: bool = True) -> Tensor:
-    """Average pooling over the last len(kernel_size) dims."""
+                 padding: Union[int, Tuple[int, ...]] = 0, count_include_pad: bool = True, ceil_mode: bool = False) -> Tensor:
+    """Average pooling over the last len(kernel_size) dims, like torch's avg_pool: count_include_pad counts the zero
+    padding in the divisor (but never the extra windows ceil_mode adds past it); ceil_mode rounds the output size up."""
     k = make_pair(kernel_size)
     pads = self._padding_arg(padding, len(k))
-    x = self.pad2d(pads)._pool(k, stride if stride is not None else k, dilation)
+    extra = self._ceil_extra(k, stride, dilation, pads) if ceil_mode else [0] * len(pads)
+    all_pads = [p + e for p, e in zip(pads, extra)]
+    x = self.pad2d(all_pads)._pool(k, stride if stride is not None else k, dilation)
     axes = tuple(range(-len(k), 0))
-    if count_include_pad or not any(pads):
+    if not any(extra) and (count_include_pad or not any(pads)):
       return x.mean(axis=axes)
-    counts = Tensor.ones(self.shape[-len(k):], device=self.device, requires_grad=False).pad2d(pads)._pool(k, stride if stride is not None else k,
-                                                                                                          dilation).sum(axis=axes)
-    return x.sum(axis=axes) / counts
+    # ones over the positions the divisor counts, zeros over the rest of the padding
+    ones = Tensor.ones(self.shape[-len(k):], device=self.device, requires_grad=False)
+    ones = ones.pad2d(pads, value=1.0).pad2d(extra) if count_include_pad else ones.pad2d(all_pads)
+    counts = ones._pool(k, stride if stride is not None else k, dilation).sum(axis=axes)
+    return (x.sum(axis=axes) / counts).cast(x.dtype if dtypes.is_float(x.dtype) else dtypes.default_float)
 
   def max_pool2d(self, kernel_size: Union[int, Tuple[int, ...]] = (2, 2), stride: Optional[Union[int, Tuple[int, ...]]] = None, dilation: int = 1,
-                 padding: Union[int, Tuple[int, ...]] = 0) -> Tensor:
-    """Max pooling over the last len(kernel_size) dims (padding counts as -inf)."""
+                 padding: Union[int, Tuple[int, ...]] = 0, ceil_mode: bool = False) -> Tensor:
+    """Max pooling over the last len(kernel_size) dims (padding counts as -inf); ceil_mode rounds the output size up, like torch."""
     k = make_pair(kernel_size)
     pads = self._padding_arg(padding, len(k))
+    if ceil_mode:
+      pads = [p + e for p, e in zip(pads, self._ceil_extra(k, stride, dilation, pads))]
     return self.pad2d(pads, value=dtypes.min(self.dtype))._pool(k, stride if stride is not None else k, dilation).max(axis=tuple(range(-len(k), 0)))
 
   def conv2d(self, weight: Tensor, bias: Optional[Tensor] = None, groups: int = 1, stride: Union[int, Tuple[int, ...]] = 1,
@@ -1453,8 +1685,9 @@ class Tensor:
     for inp, x in zip(inputs, xs):
       if len(inp) != x.ndim:
         raise ShapeError(f"einsum operand '{inp}' has {len(inp)} letters but the tensor has shape {x.shape}")
-      if len(set(inp)) != len(inp):
-        raise NotImplementedError(f"einsum with a repeated letter in one operand ('{inp}') is not supported")
+    # a letter repeated in one operand ('ii->i') takes that operand's diagonal over those dims
+    diag = [_einsum_diagonal(x, inp) for inp, x in zip(inputs, xs)]
+    inputs, xs = [d[1] for d in diag], tuple(d[0] for d in diag)
     sizes: Dict[str, sint] = {}
     for inp, x in zip(inputs, xs):
       for c, s in zip(inp, x.shape):
@@ -1513,7 +1746,7 @@ class Tensor:
     out-of-range one gives an all-zero row. With CHECK_INDEX=1 they are read back and an out-of-range one raises
     IndexError (torch raises RuntimeError); the check is skipped while a TinyJit captures."""
     if not dtypes.is_int(self.dtype):
-      raise TypeError(f"one_hot needs an integer tensor, got {self.dtype}")
+      raise DTypeError(f"one_hot needs an integer tensor, got {self.dtype}")
     if num_classes == -1:
       num_classes = int(self.max().item()) + 1 if self.numel() else 0
     check_index_tensor(self, num_classes, f"one_hot with num_classes={num_classes}", allow_negative=False)
@@ -1914,7 +2147,7 @@ class Tensor:
     """self - x, broadcast."""
     a, b = self._broadcasted(x, reverse)
     if a.dtype == dtypes.bool:
-      raise TypeError("subtraction of bool tensors is not supported: use ^ (xor) or logical_not")
+      raise DTypeError("subtraction of bool tensors is not supported: use ^ (xor) or logical_not")
     return F.Sub.apply(a, b)
 
   def mul(self, x: Union[Tensor, ConstType], reverse: bool = False) -> Tensor:
@@ -1973,26 +2206,49 @@ class Tensor:
   def _bitwise_operands(self, x: Union[Tensor, ConstType], reverse: bool, name: str) -> Tuple[Tensor, Tensor]:
     a, b = self._broadcasted(x, reverse)
     if a.dtype != dtypes.bool and not dtypes.is_int(a.dtype):
-      raise TypeError(f"bitwise {name} needs int or bool tensors, got {a.dtype}")
+      raise DTypeError(f"bitwise {name} needs int or bool tensors, got {a.dtype}")
     return a, b
 
   def lshift(self, x: int) -> Tensor:
     """self << x for integer tensors."""
     if not dtypes.is_int(self.dtype) or not isinstance(x, int) or x < 0:
-      raise TypeError(f"lshift needs an integer tensor and a non-negative int shift, got {self.dtype} and {x!r}")
+      raise DTypeError(f"lshift needs an integer tensor and a non-negative int shift, got {self.dtype} and {x!r}")
     return self.mul(1 << x) if x < self.dtype.itemsize * 8 else self * 0
 
   def rshift(self, x: int) -> Tensor:
     """self >> x for integer tensors (arithmetic shift for signed ints)."""
     if not dtypes.is_int(self.dtype) or not isinstance(x, int) or x < 0:
-      raise TypeError(f"rshift needs an integer tensor and a non-negative int shift, got {self.dtype} and {x!r}")
+      raise DTypeError(f"rshift needs an integer tensor and a non-negative int shift, got {self.dtype} and {x!r}")
     if x >= self.dtype.itemsize * 8 - (0 if dtypes.is_unsigned(self.dtype) else 1):
       return self * 0 if dtypes.is_unsigned(self.dtype) else (self < 0).where(-1, 0).cast(self.dtype)
     return self.floordiv(1 << x)
 
   def pow(self, x: Union[Tensor, ConstType], reverse: bool = False) -> Tensor:
-    """self ** x (x ** self when reverse), with exact results for integer exponents."""
+    """self ** x (x ** self when reverse), with exact results for integer exponents.
+
+    The gradients are torch's: d/dbase = e * b ** (e - 1), and 0 where e == 0; d/dexponent = b ** e * log(b), and 0
+    where b == 0 and e >= 0 (so NaN for a negative base, -inf for 0 ** negative, as torch gives)."""
     x = self._to_const_val(x)
+    if Tensor.no_grad or not (self.requires_grad or (isinstance(x, Tensor) and x.requires_grad)):
+      return self._pow(x, reverse)
+    if not isinstance(x, Tensor) and not isinstance(x, bool) and not reverse:
+      base = self.detach()
+      value = base._pow(x)
+      d_base = value.zeros_like() if x == 0 else (base._pow(x - 1) * x).cast(value.dtype)
+      return F.WithGrad.apply(self, value, d_base, n=1)
+    if not isinstance(x, Tensor) and not isinstance(x, bool):
+      value = self.detach()._pow(x, reverse=True)
+      d_exp = value * math.log(x) if x > 0 else value * float("nan") if x < 0 else (self.detach() >= 0).where(0, value * -math.inf)
+      return F.WithGrad.apply(self, value, d_exp.cast(value.dtype), n=1)
+    b, e = self._broadcasted(x, reverse=reverse)
+    b, e = b.cast(least_upper_float(b.dtype)), e.cast(least_upper_float(e.dtype))
+    bd, ed = b.detach(), e.detach()
+    value = bd._pow(ed)
+    d_base = (ed == 0).where(0, ed * bd._pow(ed - 1))
+    d_exp = ((bd == 0) & (ed >= 0)).where(0, value * bd.log())
+    return F.WithGrad.apply(b, e, value, d_base, d_exp, n=2)
+
+  def _pow(self, x: Union[Tensor, ConstType], reverse: bool = False) -> Tensor:
     if not isinstance(x, Tensor) and not reverse and not isinstance(x, bool):
       # cheap identities for constant exponents
       if x < 0 and dtypes.is_float(self.dtype):
@@ -2063,7 +2319,7 @@ class Tensor:
     if self.dtype == dtypes.bool:
       return self.logical_not()
     if not dtypes.is_int(self.dtype):
-      raise TypeError(f"~ needs an int or bool tensor, got {self.dtype}")
+      raise DTypeError(f"~ needs an int or bool tensor, got {self.dtype}")
     return self.xor((1 << (8 * self.dtype.itemsize)) - 1 if dtypes.is_unsigned(self.dtype) else -1)
 
   def __add__(self, x: Any) -> Tensor:
@@ -2298,6 +2554,54 @@ class Tensor:
 
 
 # *********** module helpers ***********
+
+def _indexed_dims(indices: Sequence[Any]) -> int:
+  """How many dims of the indexed tensor these index items consume (a boolean mask one per mask dim, None and ... none)."""
+  def one(i: Any) -> int:
+    if isinstance(i, Tensor):
+      return i.ndim if i.dtype == dtypes.bool else 1
+    if isinstance(i, (np.ndarray, list, tuple)) and not any(isinstance(v, Tensor) for v in i):
+      arr = np.asarray(i)
+      return arr.ndim if arr.dtype == np.bool_ and arr.size else 1
+    return 0 if i is None or i is Ellipsis else 1
+  return sum(one(i) for i in indices)
+
+
+def _einsum_diagonal(x: Tensor, letters: str) -> Tuple[Tensor, str]:
+  """x with every letter that repeats in letters reduced to one dim holding the diagonal; the new letters."""
+  while (c := next((c for c in letters if letters.count(c) > 1), None)) is not None:
+    i, j = letters.index(c), letters.index(c, letters.index(c) + 1)
+    if (n := x.shape[i]) != x.shape[j]:
+      raise ShapeError(f"einsum letter '{c}' is repeated in '{letters}' over dims of different sizes {x.shape[i]} and {x.shape[j]}")
+    rest = [d for d in range(x.ndim) if d not in (i, j)]
+    # (..., n, n) flattened and padded to n*(n+1): each row of the (n, n+1) view starts with a diagonal element
+    x = x.permute(*rest, i, j).flatten(-2).pad2d((0, cast(int, n))).unflatten(-1, (cast(int, n), cast(int, n) + 1))[..., 0]
+    letters = "".join(letters[d] for d in rest) + c
+  return x, letters
+
+
+def _nested_tolist(x: Any) -> Any:
+  """Nested lists/tuples with any numpy arrays or scalars inside turned into plain Python lists and numbers."""
+  if isinstance(x, (np.ndarray, np.generic)):
+    return x.tolist()
+  if isinstance(x, (list, tuple)):
+    return [_nested_tolist(v) for v in x]
+  return x
+
+
+def _infer_list_dtype(flat: List[Any]) -> DType:
+  """The dtype of a Tensor made from a list, as tinygrad infers it: all bools give bool, any float gives default_float,
+  else default_int, widened to int64 (uint64 when all are non-negative and need it) for ints it cannot hold, like torch."""
+  if flat and all(isinstance(v, bool) for v in flat):
+    return dtypes.bool
+  if not flat or not all(isinstance(v, int) for v in flat):
+    return dtypes.default_float
+  lo, hi = min(flat), max(flat)
+  for dt in (dtypes.default_int, dtypes.int64, dtypes.uint64):
+    if dtypes.min(dt) <= lo and hi <= dtypes.max(dt):
+      return dt
+  raise OverflowError(f"integers from {lo} to {hi} do not fit in any tensor dtype (int64/uint64)")
+
 
 def _np_dtype_or_raise(dtype: DType) -> Any:
   if (npdt := to_np_dtype(dtype)) is None:
