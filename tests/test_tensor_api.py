@@ -353,14 +353,11 @@ def test_global_counters_count_kernels():
   assert GlobalCounters.kernel_count >= 1
 
 
-def test_shard_without_multi_is_clear():
-  try:
-    import tiny.multi  # noqa: F401
-    pytest.skip("tiny.multi exists in this build")
-  except ImportError:
-    pass
-  with pytest.raises(NotImplementedError):
-    Tensor([1.0]).shard(("CLANG", "CLANG"))
+def test_multi_and_single_device_tensors_do_not_mix():
+  from tiny.multi import MultiDeviceError
+  a = Tensor([1.0, 2.0]).shard(("CLANG:0", "CLANG:1"), axis=0)
+  with pytest.raises(MultiDeviceError, match="shard or copy it first"):
+    (a + Tensor([1.0, 2.0], device="CLANG:0")).realize()
 
 
 def _run(code: str, **env: str) -> subprocess.CompletedProcess:

@@ -115,6 +115,37 @@ def _fromnp(x: np.ndarray) -> LazyBuffer:
   return ret
 
 
+def _is_multi(x: Any) -> bool:
+  """True for a tiny.multi.MultiLazyBuffer; by name, since tiny.multi is only imported once a tensor is sharded."""
+  return type(x).__name__ == "MultiLazyBuffer" and type(x).__module__ == "tiny.multi"
+
+
+def _multi_lazydata(data: Any, device: Any, dtype: Optional[DType]) -> LazyBuffer:
+  """The lazydata of Tensor(data, device) for a tuple of devices or a MultiLazyBuffer (typed as a LazyBuffer, which it mimics)."""
+  from tiny.multi import MultiLazyBuffer
+  if isinstance(data, MultiLazyBuffer):
+    if dtype is not None and dtype != data.dtype:
+      raise TypeError(f"a MultiLazyBuffer of {data.dtype} can't become a Tensor of {dtype}: use .cast()")
+    if device is None or (isinstance(device, (tuple, list)) and tuple(Device.canonicalize(d) for d in device) == data.devices):
+      return cast(LazyBuffer, data)
+    if isinstance(device, str):
+      return data.copy_to_device(Device.canonicalize(device))
+    return cast(LazyBuffer, MultiLazyBuffer.from_sharded(data, tuple(Device.canonicalize(d) for d in device), data.axis))
+  devs = tuple(Device.canonicalize(d) for d in device)
+  if not devs:
+    raise ValueError("a multi-device tensor needs at least one device")
+  return cast(LazyBuffer, MultiLazyBuffer.from_sharded(Tensor(data, device=devs[0], dtype=dtype).lazydata, devs, None))
+
+
+def _shard_like(g: Tensor, t: Tensor) -> None:
+  """Give the gradient g of the multi-device tensor t t's layout when t is sharded (a replicated gradient is sliced locally).
+
+  The gradient of a replicated tensor keeps its layout: gathering a sharded one would copy it for nothing."""
+  gl, tl = cast(Any, g.lazydata), cast(Any, t.lazydata)
+  if _is_multi(gl) and tl.axis is not None and (gl.axis != tl.axis or gl.bounds != tl.bounds or gl.real != tl.real):
+    g.lazydata = gl.reshard(tl.axis, like=tl)
+
+
 def _pad_left(*shapes: Tuple[sint, ...]) -> Tuple[Tuple[sint, ...], ...]:
   max_dim = max(len(shape) for shape in shapes)
   return tuple((1,) * (max_dim - len(shape)) + shape for shape in shapes)
@@ -153,18 +184,20 @@ class Tensor:
   _seed: ClassVar[int] = int(time.time())
   _rng_counter: ClassVar[Optional[Tensor]] = None
 
-  def __init__(self, data: Union[None, ConstType, List, Tuple, LazyBuffer, np.ndarray, bytes, Variable], device: Optional[str] = None,
-               dtype: Optional[DTypeLike] = None, requires_grad: Optional[bool] = None):
+  def __init__(self, data: Union[None, ConstType, List, Tuple, LazyBuffer, np.ndarray, bytes, Variable],
+               device: Optional[Union[str, Tuple[str, ...]]] = None, dtype: Optional[DTypeLike] = None, requires_grad: Optional[bool] = None):
     if dtype is not None:
       dtype = _to_dtype(dtype)
-    if isinstance(device, (tuple, list)):
-      raise NotImplementedError("multi-device tensors (a tuple of devices) are not supported yet; use Tensor.shard")
-    device = Device.canonicalize(device)
     # set only when .backward() computes it
     self.grad: Optional[Tensor] = None
     # None: undecided (an optimizer may switch it on); False: never; True: compute gradients for this tensor
     self.requires_grad: Optional[bool] = requires_grad
     self._ctx: Optional[Function] = None
+    if isinstance(device, (tuple, list)) or _is_multi(data):
+      # several devices: tiny.multi builds a MultiLazyBuffer (replicated data, or a gather when device is one device)
+      self.lazydata: LazyBuffer = _multi_lazydata(data, device, dtype)
+      return
+    device = Device.canonicalize(device)
 
     lb: LazyBuffer
     if isinstance(data, LazyBuffer):
@@ -203,7 +236,7 @@ class Tensor:
     else:
       raise TypeError(f"can't create a Tensor from {data!r} of type {type(data).__name__}")
     # the data may have been made on another device (NPY for host arrays)
-    self.lazydata: LazyBuffer = lb if lb.device == device else lb.copy_to_device(device)
+    self.lazydata = lb if lb.device == device else lb.copy_to_device(device)
 
   class train(ContextDecorator):
     """`with Tensor.train():` enables training mode (dropout, batchnorm statistics); `train(False)` disables it."""
@@ -307,7 +340,7 @@ class Tensor:
 
   def assign(self, x: Any) -> Tensor:
     """Write x into this tensor's buffer (in place when it is realized)."""
-    if self.device.startswith("DISK"):
+    if isinstance(self.device, str) and self.device.startswith("DISK"):
       if not isinstance(x, Tensor):
         x = Tensor(x, device="NPY", dtype=self.dtype)
       realized = self.contiguous().realize().lazydata.base.realized
@@ -340,6 +373,8 @@ class Tensor:
   def _data(self) -> memoryview:
     if 0 in self.shape:
       return memoryview(bytearray(0))
+    if _is_multi(self.lazydata):
+      return self.to(self.device[0])._data()
     from tiny.engine.realize import realize_lock
     with realize_lock:
       t = self.cast(self.dtype.scalar()).contiguous().realize()
@@ -399,14 +434,13 @@ class Tensor:
     self.lazydata = real.lazydata
 
   def shard(self, devices: Tuple[str, ...], axis: Optional[int] = None) -> Tensor:
-    """Split this tensor across several devices (needs tiny.multi)."""
-    try:
-      from tiny.multi import MultiLazyBuffer  # type: ignore[import-not-found]
-    except ImportError as e:
-      raise NotImplementedError("multi-device tensors need tiny.multi, which is not installed in this build") from e
+    """Split this tensor across devices along axis (see tiny.multi for the split rule), or copy it to each when axis is None."""
+    from tiny.multi import MultiLazyBuffer
+    if not isinstance(devices, (tuple, list)):
+      raise TypeError(f"shard needs a tuple of devices, got {devices!r}")
     canonical = tuple(Device.canonicalize(d) for d in devices)
-    return Tensor(MultiLazyBuffer.from_sharded(self.lazydata, canonical, None if axis is None else self._resolve_dim(axis)),
-                  requires_grad=self.requires_grad)
+    mlb = MultiLazyBuffer.from_sharded(self.lazydata, canonical, None if axis is None else self._resolve_dim(axis))
+    return Tensor(cast(LazyBuffer, mlb), device=canonical, requires_grad=self.requires_grad)
 
   def shard_(self, devices: Tuple[str, ...], axis: Optional[int] = None) -> Tensor:
     """shard in place."""
@@ -419,6 +453,10 @@ class Tensor:
   def _metaop(op: MetaOps, shape: Tuple[sint, ...], device: Optional[str] = None, dtype: Optional[DTypeLike] = None, arg: Any = None,
               **kwargs: Any) -> Tensor:
     dt = _to_dtype(dtype) if dtype is not None else dtypes.default_float
+    if isinstance(device, (tuple, list)):
+      from tiny.multi import MultiLazyBuffer
+      devs = tuple(Device.canonicalize(d) for d in device)
+      return Tensor(cast(LazyBuffer, MultiLazyBuffer([LazyBuffer.metaop(op, shape, dt, d, arg) for d in devs], None)), devs, dt, **kwargs)
     return Tensor(LazyBuffer.metaop(op, shape, dt, Device.canonicalize(device), arg), device, dt, **kwargs)
 
   @staticmethod
@@ -674,6 +712,8 @@ class Tensor:
       for t, g in zip(ctx.parents, grad_list):
         if g is not None and t.requires_grad:
           assert g.shape == t.shape, f"grad shape must match tensor shape, {g.shape!r} != {t.shape!r}"
+          if _is_multi(t.lazydata):
+            _shard_like(g, t)
           t.grad = g if t.grad is None else (t.grad + g)
       t0._ctx = None
     return self
@@ -2509,9 +2549,9 @@ class Tensor:
     dt = _to_dtype(dtype)
     if self.dtype == dt:
       return self
-    if (ns := dt.itemsize) != (os_ := self.dtype.itemsize) and not self.device.startswith("DISK"):
+    if (ns := dt.itemsize) != (os_ := self.dtype.itemsize) and not (isinstance(self.device, str) and self.device.startswith("DISK")):
       if not self.shape or (self.shape[-1] * os_) % ns != 0:
-        raise ShapeError(f"can't bitcast {self.dtype} of shape {self.shape} to {dt}: the last dim's bytes do not divide")
+        raise DTypeError(f"can't bitcast {self.dtype} of shape {self.shape} to {dt}: the last dim's bytes do not divide")
       new_uint, old_uint = _UINT_OF_SIZE[ns], _UINT_OF_SIZE[os_]
       tmp = self.bitcast(old_uint)
       if ns > os_:

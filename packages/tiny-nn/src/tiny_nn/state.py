@@ -122,7 +122,9 @@ def load_state_dict(model: Any, state_dict: Dict[str, Tensor], strict: bool = Tr
   for k, v in bar:
     if k not in state_dict:
       continue
-    src = state_dict[k].detach().to(v.device)
+    src = state_dict[k].detach()
+    # a multi-device tensor (a tuple of devices) receives the loaded tensor sharded the way it is
+    src = src.to(v.device) if isinstance(v.device, str) else src.reshape(v.shape).shard(v.device, cast(Any, v.lazydata).axis)
     if src.shape != v.shape:
       src = src.reshape(v.shape)
     v.replace(src).realize()

@@ -102,6 +102,47 @@ def apply_graph_to_jit(jit_cache: List[ExecItem], input_rawbuffers: List[Buffer]
   return graphed
 
 
+def _item_device(ei: ExecItem) -> str:
+  return ei.prg.dname
+
+
+def group_by_device(items: List[ExecItem]) -> List[ExecItem]:
+  """items reordered so that each device's kernels come in long runs (which a device graph then launches as one).
+
+  A multi-device step interleaves the devices' kernels with the copies between them. Two items that use a common buffer
+  keep their order (this also covers buffers the memory planner made share memory); the rest may move: each next item
+  is the first ready one on the device that ran last, else the first ready one. One device: returned unchanged."""
+  if len({_item_device(ei) for ei in items}) <= 1:
+    return items
+  deps: List[List[int]] = [[] for _ in items]
+  last_user: Dict[int, int] = {}
+  for j, ei in enumerate(items):
+    for b in ei.bufs:
+      if b is not None:
+        if (i := last_user.get(id(b.base))) is not None and i != j:
+          deps[j].append(i)
+        last_user[id(b.base)] = j
+  waiting = [len(set(d)) for d in deps]
+  users: List[List[int]] = [[] for _ in items]
+  for j, d in enumerate(deps):
+    for i in set(d):
+      users[i].append(j)
+  ready = sorted(j for j, w in enumerate(waiting) if w == 0)
+  out: List[ExecItem] = []
+  cur: Optional[str] = None
+  while ready:
+    k = next((j for j in ready if _item_device(items[j]) == cur and isinstance(items[j].prg, CompiledRunner)), ready[0])
+    ready.remove(k)
+    out.append(items[k])
+    cur = _item_device(items[k])
+    for u in users[k]:
+      waiting[u] -= 1
+      if waiting[u] == 0:
+        ready.insert(next((p for p, r in enumerate(ready) if r > u), len(ready)), u)
+  assert len(out) == len(items), "group_by_device lost items: the dependency graph has a cycle"
+  return out
+
+
 def _tensors_in(x: Any) -> List[Any]:
   """Every Tensor in a nested structure of tuples/lists/dicts (in a stable order)."""
   from tiny.tensor import Tensor
@@ -114,8 +155,13 @@ def _tensors_in(x: Any) -> List[Any]:
   return []
 
 
+def _lbs(t: Any) -> List[LazyBuffer]:
+  """The LazyBuffers behind a Tensor: one, or one per device for a multi-device tensor."""
+  return list(t.lazydata.lbs)
+
+
 def _realize(tensors: Sequence[Any]) -> None:
-  lbs = [t.lazydata for t in tensors]
+  lbs = [lb for t in tensors for lb in _lbs(t)]
   if lbs:
     sched, var_vals = create_schedule_with_vars(lbs)
     run_schedule(sched, var_vals)
@@ -158,6 +204,7 @@ class TinyJit(Generic[ReturnType]):
     self.out_template: Any = None
     self.out_bufs: List[Buffer] = []
     self.out_lbs: List[Any] = []
+    self.out_multi: List[Any] = []
     self.out_from_input: Dict[int, int] = {}
 
   @property
@@ -179,13 +226,13 @@ class TinyJit(Generic[ReturnType]):
     if len(set(id(t) for t in tensors)) != len(tensors):
       raise JitError("the same Tensor was passed to a jitted function twice; pass it once")
     # an input's buffer is what a replay swaps, so every input must be backed by a realized buffer
-    _realize([t for t in tensors if t.lazydata.base.realized is None])
+    _realize([t for t in tensors if any(lb.base.realized is None for lb in _lbs(t))])
     for t in tensors:
-      if t.lazydata.base.realized is None:  # e.g. an unrealized constant: materialize it in place
+      if any(lb.base.realized is None for lb in _lbs(t)):  # e.g. an unrealized constant: materialize it in place
         t.lazydata = t.lazydata.contiguous()
         _realize([t])
     bound = [a for _, a in named if isinstance(a, Variable)]
-    var_vals = merge_dicts([t.lazydata.st.var_vals for t in tensors] + [dict([v.unbind()]) for v in bound])
+    var_vals = merge_dicts([lb.st.var_vals for t in tensors for lb in _lbs(t)] + [dict([v.unbind()]) for v in bound])
     return names, tensors, var_vals
 
   @staticmethod
@@ -216,7 +263,7 @@ class TinyJit(Generic[ReturnType]):
   def _capture(self, args: Tuple[Any, ...], kwargs: Dict[str, Any], names: List[Union[int, str]], tensors: List[Any],
                var_vals: Dict[Variable, int]) -> ReturnType:
     cap = _Capture()
-    input_bufs = [t.lazydata.base.realized for t in tensors]
+    input_bufs = cast(List[Buffer], [lb.base.realized for t in tensors for lb in _lbs(t)])
     capturing.append(cap)
     try:
       ret = self.fxn(*args, **kwargs)
@@ -227,7 +274,9 @@ class TinyJit(Generic[ReturnType]):
     if not cap.items:
       raise JitError(f"{getattr(self.fxn, '__name__', 'function')} launched no kernels to capture; does it return realized Tensors?")
     # outputs computed inside the capture get fresh buffers at every replay
-    self.out_lbs = [t.lazydata for t in outs]
+    self.out_lbs = [lb for t in outs for lb in _lbs(t)]
+    # a multi-device output is rebuilt from its shards: (number of shards, axis, real shards), None for a plain tensor
+    self.out_multi = [(len(t.lazydata.lbs), t.lazydata.axis, list(t.lazydata.real)) if hasattr(t.lazydata, "axis") else None for t in outs]
     self.out_bufs = []
     for lb in self.out_lbs:
       b = lb.base.realized
@@ -247,8 +296,8 @@ class TinyJit(Generic[ReturnType]):
       for b in ei.bufs:
         if b is not None:
           b.ensure_allocated()
-    changing = cast(List[Buffer], input_bufs) + self.out_bufs
-    self.jit_cache = apply_graph_to_jit(items, changing, var_vals)
+    changing = input_bufs + self.out_bufs
+    self.jit_cache = apply_graph_to_jit(group_by_device(items), changing, var_vals)
     self.input_replace = get_input_replace(self.jit_cache, changing)
     self.expected_names, self.expected_sig = names, self._signature(tensors)
     if DEBUG >= 1:
@@ -274,7 +323,7 @@ class TinyJit(Generic[ReturnType]):
   def _replay(self, names: List[Union[int, str]], tensors: List[Any], var_vals: Dict[Variable, int]) -> ReturnType:
     self._check(names, tensors)
     fresh = [Buffer(b.device, b.size, b.dtype, options=b.options).allocate() for b in self.out_bufs]
-    changing = [t.lazydata.base.realized for t in tensors] + fresh
+    changing = [lb.base.realized for t in tensors for lb in _lbs(t)] + fresh
     for (j, i), idx in self.input_replace.items():
       self.jit_cache[j].bufs[i] = changing[idx]
     for ei in self.jit_cache:
@@ -288,32 +337,41 @@ class TinyJit(Generic[ReturnType]):
   def _rebuild(self, fresh: List[Buffer], inputs: List[Any]) -> Any:
     """The captured return structure, with each output Tensor now backed by this call's buffers (and inputs)."""
     swap = {id(old): new for old, new in zip(self.out_bufs, fresh)}
-    return self._rebuild_value(self.out_template, swap, inputs, itertools.count())
+    return self._rebuild_value(self.out_template, swap, [lb for t in inputs for lb in _lbs(t)], itertools.count(), itertools.count())
 
-  def _rebuild_value(self, x: Any, swap: Dict[int, Buffer], inputs: List[Any], counter: Iterator[int]) -> Any:
+  def _rebuild_lb(self, k: int, swap: Dict[int, Buffer], inputs: List[LazyBuffer]) -> Optional[LazyBuffer]:
+    """Output LazyBuffer k of this replay (None: a preexisting buffer, which stays what it was)."""
+    lb = self.out_lbs[k]
+    if (i := self.out_from_input.get(k)) is not None:
+      src = inputs[i].base
+      return src if lb.base is lb else create_lazybuffer(lb.device, lb.st, lb.dtype, base=src, enable_cache=False)
+    buf = lb.base.realized
+    if buf is None or id(buf) not in swap:
+      return None
+    base = LazyBuffer(lb.device, lb.base.st, lb.base.dtype, MetaOps.EMPTY)
+    base.buffer = swap[id(buf)]
+    del base.srcs
+    return base if lb.base is lb else create_lazybuffer(lb.device, lb.st, lb.dtype, base=base, enable_cache=False)
+
+  def _rebuild_value(self, x: Any, swap: Dict[int, Buffer], inputs: List[LazyBuffer], counter: Iterator[int], lb_counter: Iterator[int]) -> Any:
     # a method, not a recursive closure: a closure that refers to itself is a reference cycle, which would keep every
     # call's output buffers alive until the garbage collector runs (and the next call could not reuse them)
     from tiny.tensor import Tensor
     if isinstance(x, Tensor):
-      k = next(counter)
-      lb = self.out_lbs[k]
-      if (i := self.out_from_input.get(k)) is not None:
-        src = inputs[i].lazydata.base
-        return Tensor(src if lb.base is lb else create_lazybuffer(lb.device, lb.st, lb.dtype, base=src, enable_cache=False),
-                      device=lb.device, requires_grad=False)
-      buf = lb.base.realized
-      if buf is None or id(buf) not in swap:
+      multi = self.out_multi[next(counter)]
+      ks = [next(lb_counter) for _ in range(1 if multi is None else multi[0])]
+      new = [self._rebuild_lb(k, swap, inputs) for k in ks]
+      if all(n is None for n in new):
         return x  # a preexisting buffer (a weight, state): it is what it was
-      nb = swap[id(buf)]
-      base = LazyBuffer(lb.device, lb.base.st, lb.base.dtype, MetaOps.EMPTY)
-      base.buffer = nb
-      del base.srcs
-      view = base if lb.base is lb else create_lazybuffer(lb.device, lb.st, lb.dtype, base=base, enable_cache=False)
-      return Tensor(view, device=lb.device, requires_grad=False)
+      lbs = [n if n is not None else self.out_lbs[k] for n, k in zip(new, ks)]
+      if multi is None:
+        return Tensor(lbs[0], device=lbs[0].device, requires_grad=False)
+      from tiny.multi import MultiLazyBuffer
+      return Tensor(cast(LazyBuffer, MultiLazyBuffer(lbs, multi[1], multi[2])), device=tuple(lb.device for lb in lbs), requires_grad=False)
     if isinstance(x, tuple):
-      return tuple(self._rebuild_value(v, swap, inputs, counter) for v in x)
+      return tuple(self._rebuild_value(v, swap, inputs, counter, lb_counter) for v in x)
     if isinstance(x, list):
-      return [self._rebuild_value(v, swap, inputs, counter) for v in x]
+      return [self._rebuild_value(v, swap, inputs, counter, lb_counter) for v in x]
     if isinstance(x, dict):
-      return {key: self._rebuild_value(x[key], swap, inputs, counter) for key in x}
+      return {key: self._rebuild_value(x[key], swap, inputs, counter, lb_counter) for key in x}
     return x
