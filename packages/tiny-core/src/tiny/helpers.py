@@ -7,6 +7,7 @@ import hashlib
 import operator
 import os
 import platform
+import sys
 import tempfile
 import time
 import urllib.request
@@ -110,6 +111,9 @@ def round_up(num: int, amt: int) -> int:
 
 def merge_dicts(ds: Iterable[Dict[T, U]]) -> Dict[T, U]:
   """Merge dicts, raising if two of them disagree on a key."""
+  ds = [d for d in ds if d]
+  if len(ds) <= 1:
+    return dict(ds[0]) if ds else {}   # nothing can disagree: the scheduler's usual case (no symbolic variables)
   kvs = set((k, v) for d in ds for k, v in d.items())
   keys = set(k for k, _ in kvs)
   if len(kvs) != len(keys):
@@ -303,6 +307,29 @@ def tqdm(iterable: Optional[Iterable[T]] = None, *args: Any, **kwargs: Any) -> A
   except ImportError:
     return _NoBar(iterable, **kwargs)
   return _tqdm(iterable, *args, **kwargs)
+
+
+def progress_bar(total: int, desc: str, unit: str = "it") -> Any:
+  """A counting progress bar on stderr: tqdm's when it is installed, else one plain line rewritten in place."""
+  try:
+    from tqdm import tqdm as _tqdm
+  except ImportError:
+    return _LineBar(total, desc, unit)
+  return _tqdm(total=total, desc=desc, unit=unit, leave=False)
+
+
+class _LineBar:
+  def __init__(self, total: int, desc: str, unit: str) -> None:
+    self.n, self.total, self.desc, self.unit, self.st = 0, total, desc, unit, time.perf_counter()
+
+  def update(self, n: int = 1) -> None:
+    self.n += n
+    sys.stderr.write(f"\r{self.desc}: {self.n}/{self.total} {self.unit}s, {time.perf_counter() - self.st:.1f}s")
+    sys.stderr.flush()
+
+  def close(self) -> None:
+    sys.stderr.write("\r\033[K")
+    sys.stderr.flush()
 
 
 def trange(n: int, *args: Any, **kwargs: Any) -> Any:

@@ -306,10 +306,8 @@ class Tensor:
     """The ScheduleItems (kernels and copies) that realize these tensors, and the values of their symbolic Variables."""
     from tiny.engine import schedule as sched
     outs = flatten([x.lazydata.lbs for x in (self,) + lst])
-    schedule, var_vals = sched.create_schedule_with_vars(outs) if seen is None else sched.create_schedule_with_vars(outs, seen)
-    if (planner := getattr(sched, "memory_planner", None)) is not None:
-      schedule = planner(schedule)
-    return schedule, var_vals
+    # create_schedule_with_vars has already let the intermediates share memory
+    return sched.create_schedule_with_vars(outs) if seen is None else sched.create_schedule_with_vars(outs, seen)
 
   def schedule(self, *lst: Tensor, seen: Optional[Set[LazyBuffer]] = None) -> List[Any]:
     """The ScheduleItems that realize these tensors (which must not depend on symbolic Variables)."""

@@ -76,8 +76,14 @@ class UOps(Enum):
   BARRIER = auto(); IF = auto(); RANGE = auto()  # noqa: E702
   ENDRANGE = auto(); ENDIF = auto()  # noqa: E702
 
+  # members are singletons compared by identity: hash them by identity too (in C) instead of Enum's Python-level hash of the
+  # name, which the pattern matcher's dict lookups used to call about a million times per compiled model
+  __hash__ = object.__hash__
+
 
 COMMUTATIVE = {BinaryOps.ADD, BinaryOps.MUL, BinaryOps.MAX, BinaryOps.CMPNE, BinaryOps.XOR, BinaryOps.AND, BinaryOps.OR}
+# ALU args are Op enum members (process-lifetime singletons), so their ids are stable keys that hash without a Python call
+_COMMUTATIVE_IDS = frozenset(id(x) for x in COMMUTATIVE)
 _CONST_CONV: Dict[DType, Callable[[Any], Any]] = {**{d: int for d in (dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64, dtypes.uint8,
                                                                      dtypes.uint16, dtypes.uint32, dtypes.uint64)},
                                                   **{d: float for d in (dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64)},
@@ -170,7 +176,7 @@ class UOp:
 
   def commutative(self) -> bool:
     """True for ALU ops whose two operands may be swapped."""
-    return self.op is UOps.ALU and self.arg in COMMUTATIVE
+    return self.op is UOps.ALU and id(self.arg) in _COMMUTATIVE_IDS
 
   @functools.cached_property
   def parents(self) -> Dict[UOp, None]:
@@ -450,7 +456,8 @@ class PatternMatcher:
     return PatternMatcher(self.patterns + other.patterns)
 
   def _candidates(self, u: UOp) -> List[Tuple[UPat, Callable[..., Optional[UOp]]]]:
-    key = (u.op, u.arg) if u.op is UOps.ALU else u.op
+    # an ALU is keyed by its arg, an enum member: by id, which hashes in C (and never equals a UOps key)
+    key = (id(u.arg) if isinstance(u.arg, Enum) else (u.op, u.arg)) if u.op is UOps.ALU else u.op
     if (ret := self._cands.get(key)) is None:
       found = self._by_key.get((u.op, None), []) + (self._by_key.get((u.op, u.arg), []) if u.op is UOps.ALU else [])
       ret = self._cands[key] = [(p, f) for _, p, f in sorted(found, key=lambda x: x[0])]
@@ -483,16 +490,20 @@ def graph_rewrite(sink: UOp, pm: PatternMatcher) -> UOp:
   def rw(n: UOp) -> UOp:
     if (r := done.get(n)) is not None:
       return r
-    new_src = tuple(rw(s) for s in n.src)
+    # the hottest loop of codegen: builtins (map, tuple ==) instead of generators. UOps compare by identity, so
+    # `new_src == n.src` is "every source is the same object"
+    new_src = tuple([rw(s) for s in n.src])
+    arg = n.arg
     try:
-      key: Any = (n.op, n.dtype, tuple(id(s) for s in new_src), _arg_key(n.arg))
+      key: Any = (n.op, n.dtype, tuple(map(id, new_src)),
+                  ("f", repr(arg)) if isinstance(arg, float) else ("b", arg) if isinstance(arg, bool) else arg)   # = _arg_key(arg)
       hash(key)
     except TypeError:
       key = None
     if key is not None and (c := canon.get(key)) is not None:
       done[n] = c
       return c
-    nn = n if all(a is b for a, b in zip(new_src, n.src)) and len(new_src) == len(n.src) else UOp(n.op, n.dtype, new_src, n.arg)
+    nn = n if new_src == n.src else UOp(n.op, n.dtype, new_src, n.arg)
     if (rep := pm.rewrite(nn)) is not None:
       ret = rw(rep)
     else:

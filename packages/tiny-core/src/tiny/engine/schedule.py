@@ -16,14 +16,14 @@ from __future__ import annotations
 import sys
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
-from typing import DefaultDict, Dict, List, Optional, Sequence, Set, Tuple, Union
+from typing import Any, DefaultDict, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from tiny.device import Buffer
 from tiny.dtype import ImageDType
 from tiny.engine import graph_viz
 from tiny.helpers import DEBUG, MULTIOUTPUT, Metadata, all_int, dedup, getenv, merge_dicts, prod
 from tiny.lazy import LazyBuffer
-from tiny.ops import UNSAFE_PAD_OPS, BufferOps, ConstBuffer, LazyOp, MemBuffer, MetaOps, ReduceOps, UnaryOps
+from tiny.ops import UNSAFE_PAD_OPS, BinaryOps, BufferOps, ConstBuffer, LazyOp, MemBuffer, MetaOps, ReduceOps, TernaryOps, UnaryOps
 from tiny.registry import Device
 from tiny.shape.shapetracker import ShapeTracker
 from tiny.shape.symbolic import Variable
@@ -68,6 +68,26 @@ class AssignNotContiguousError(RuntimeError):
 
 # **************** lowering one group of LazyBuffers to a kernel AST ****************
 
+# Kernel ASTs are hash-consed: a structurally equal node built again (the same op realized again in an eager loop) is the
+# very same object, so its hash is already cached and the method cache's key compare is an identity check instead of a
+# walk of both trees. Equality here is LazyOp's own (op, arg ==, sources), so sharing can only merge what the method cache
+# would have treated as equal anyway. A plain dict (a weak one costs more than it saves), emptied when it grows large.
+_ast_nodes: Dict[Tuple[Any, ...], LazyOp] = {}
+_AST_NODES_MAX = 1 << 14
+
+
+def _lop(op: Any, src: Tuple[LazyOp, ...] = (), arg: Any = None) -> LazyOp:
+  key = (op, src, arg)
+  try:
+    if (hit := _ast_nodes.get(key)) is not None:
+      return hit
+    if len(_ast_nodes) >= _AST_NODES_MAX:
+      _ast_nodes.clear()
+    ret = _ast_nodes[key] = LazyOp(op, src, arg)
+  except TypeError:   # an unhashable arg: no sharing
+    ret = LazyOp(op, src, arg)
+  return ret
+
 def _unbind(st: ShapeTracker, var_vals: Dict[Variable, int]) -> ShapeTracker:
   unbound, vv = st.simplify().unbind()
   var_vals.update(vv)
@@ -89,7 +109,7 @@ def _recursive_lazyop(buf: LazyBuffer, st: ShapeTracker, outputs: Tuple[LazyBuff
     if isinstance(val, Variable):
       val, bound = val.unbind()
       var_vals[val] = bound
-    ret = LazyOp(BufferOps.CONST, (), ConstBuffer(val, buf.dtype, _unbind(st, var_vals)))
+    ret = _lop(BufferOps.CONST, (), ConstBuffer(val, buf.dtype, _unbind(st, var_vals)))
   elif buf.realized is not None or (buf in realizes and buf not in outputs):
     unbound = _unbind(st, var_vals)
     if buf in assign_targets:
@@ -97,11 +117,11 @@ def _recursive_lazyop(buf: LazyBuffer, st: ShapeTracker, outputs: Tuple[LazyBuff
       if not unbound.contiguous and not _masked_contiguous(unbound):
         raise AssignNotContiguousError("an assign target is read through a non-contiguous view in its own kernel; "
                                        "make the value contiguous first (a += a.T  ->  a += a.T.contiguous())")
-      ret = LazyOp(BufferOps.LOAD, (), MemBuffer(outputs.index(assign_targets[buf]), buf.dtype, unbound))
+      ret = _lop(BufferOps.LOAD, (), MemBuffer(outputs.index(assign_targets[buf]), buf.dtype, unbound))
     else:
       if buf not in inputs:
         inputs.append(buf)
-      ret = LazyOp(BufferOps.LOAD, (), MemBuffer(len(outputs) + inputs.index(buf), buf.dtype, unbound))
+      ret = _lop(BufferOps.LOAD, (), MemBuffer(len(outputs) + inputs.index(buf), buf.dtype, unbound))
   elif buf.op in (MetaOps.CONTIGUOUS, MetaOps.ASSIGN):
     # elementwise no-ops whose only job is to be the realized output
     assert buf in outputs, f"{buf.op} must be a kernel output"
@@ -109,9 +129,9 @@ def _recursive_lazyop(buf: LazyBuffer, st: ShapeTracker, outputs: Tuple[LazyBuff
   elif buf.op in ReduceOps:
     # the reduce reads its source in the source's full shape; everything above it is in the reduced shape
     src = _recursive_lazyop(buf.srcs[0], ShapeTracker.from_shape(buf.srcs[0].shape), outputs, inputs, var_vals, realizes, assign_targets, cache)
-    ret = LazyOp(buf.op, (src,), buf.arg)
+    ret = _lop(buf.op, (src,), buf.arg)
   else:
-    ret = LazyOp(buf.op, tuple(_recursive_lazyop(x, st, outputs, inputs, var_vals, realizes, assign_targets, cache) for x in buf.srcs), buf.arg)
+    ret = _lop(buf.op, tuple(_recursive_lazyop(x, st, outputs, inputs, var_vals, realizes, assign_targets, cache) for x in buf.srcs), buf.arg)
   cache[(buf, st)] = ret
   return ret
 
@@ -141,9 +161,9 @@ def _lower_group(outs: List[LazyBuffer], realizes: Dict[LazyBuffer, None], reduc
     store_st = o.arg[0] if o.op is MetaOps.ASSIGN and o.arg else output_st
     if store_st.shape != output_st.shape:
       store_st = store_st.reshape(output_st.shape)
-    stores.append(LazyOp(BufferOps.STORE, (lop,), MemBuffer(i, o.dtype, _unbind(store_st, var_vals))))
+    stores.append(_lop(BufferOps.STORE, (lop,), MemBuffer(i, o.dtype, _unbind(store_st, var_vals))))
   metadata = dedup([b.metadata for b, _ in cache if b.metadata is not None and b not in inputs])
-  return _PreItem(LazyOp(MetaOps.KERNEL, tuple(stores)), tuple(outs), tuple(inputs), var_vals, metadata)
+  return _PreItem(_lop(MetaOps.KERNEL, tuple(stores)), tuple(outs), tuple(inputs), var_vals, metadata)
 
 
 # **************** the graph walk and realize decisions ****************
@@ -360,7 +380,31 @@ def _graph_schedule(outs: Sequence[LazyBuffer], seen: Set[LazyBuffer]) -> _Graph
   return graph, in_degree, prescheduled
 
 
+def _flat_item(outs: Sequence[LazyBuffer], seen: Set[LazyBuffer]) -> Optional[_PreItem]:
+  """The one kernel of an eager-style graph, or None when the graph needs the full analysis.
+
+  Eager code realizes one op at a time: a single output whose sources are all realized buffers or constants (through
+  any views). Then every decision of _graph_schedule is already known (the output is the only thing realized, no pad
+  or expand can move a realize, a reduce is its own kernel, nothing is assigned), so the walk, the realize analysis and
+  the toposort are skipped; the kernel AST is built by the same _lower_group."""
+  if len(outs) != 1:
+    return None
+  out = outs[0].base
+  if out.realized is not None or out in seen or not isinstance(out.op, (UnaryOps, BinaryOps, TernaryOps, ReduceOps)):
+    return None
+  for x in out.srcs:
+    b = x.base
+    if b.realized is None and b.op is not MetaOps.CONST:
+      return None
+  return _lower_group([out], {out: None}, {out: out} if out.op in ReduceOps else {})
+
+
 def _schedule(outs: Sequence[LazyBuffer], seen: Set[LazyBuffer]) -> Tuple[List[ScheduleItem], Dict[Variable, int]]:
+  if (flat := _flat_item(outs, seen)) is not None:
+    o = flat.outputs[0]
+    seen.add(o)
+    del o.srcs
+    return [ScheduleItem(flat.ast, tuple(x.buffer for x in flat.outputs + flat.inputs if x.size != 0), flat.metadata)], dict(flat.var_vals)
   graph, in_degree, prescheduled = _graph_schedule(outs, seen)
   queue = deque(ps for key, ps in prescheduled.items() if in_degree[key] == 0)
   schedule: List[ScheduleItem] = []
@@ -460,6 +504,8 @@ def _internal_memory_planner(buffers: List[Union[List[Buffer], Tuple[Buffer, ...
 
 def memory_planner(schedule: List[ScheduleItem]) -> List[ScheduleItem]:
   """Let intermediates of the schedule share memory. Buffers of copies and views are left alone."""
+  if len(schedule) <= 1:
+    return schedule   # one item: no two lifetimes to fit together (the common eager case, so skip the bookkeeping)
   noopt = {b.base for si in schedule if si.ast.op is not MetaOps.KERNEL for b in si.bufs}
   assigned = _internal_memory_planner([si.bufs for si in schedule], noopt_buffers=noopt)
   return [ScheduleItem(si.ast, tuple(assigned.get(x, x) for x in si.bufs), si.metadata) for si in schedule]

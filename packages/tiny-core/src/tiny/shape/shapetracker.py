@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional, Set, Tuple, cast
+from typing import Any, Dict, Iterable, List, Optional, Set, Tuple, cast
 
 from tiny.helpers import merge_dicts
 from tiny.shape.symbolic import MulNode, Node, NumNode, SumNode, Variable, create_ge_node, create_lt_node, sint
@@ -32,6 +32,16 @@ class ShapeTracker:
   """Views applied last-to-first: the last view gives the shape; each earlier one reinterprets the flat index of the next."""
 
   views: Tuple[View, ...]
+
+  def __hash__(self) -> int:
+    # trackers key the lazy cache, the schedule and the kernel caches: hash the views once (they cache their own hash)
+    if (ret := self.__dict__.get("_hash")) is None:
+      ret = self.__dict__["_hash"] = hash(self.views)
+    return ret
+
+  def __getstate__(self) -> Dict[str, Any]:
+    # str hashes are salted per process: a cached hash must not travel in a pickle
+    return {k: v for k, v in self.__dict__.items() if k != "_hash"}
 
   def __add__(self, st: ShapeTracker) -> ShapeTracker:
     """Compose: st's views applied on top of self (st indexes self's shape)."""
@@ -95,10 +105,14 @@ class ShapeTracker:
 
   @property
   def var_vals(self) -> Dict[Variable, int]:
+    if not any(v.vars() for v in self.views):
+      return {}
     return merge_dicts([dict([v.unbind()]) for v in self.vars()])
 
   def unbind(self) -> Tuple[ShapeTracker, Dict[Variable, int]]:
     """The tracker with unbound Variables, and the values they were bound to."""
+    if not any(v.vars() for v in self.views):
+      return self, {}   # no symbolic dims (the usual case): nothing to unbind
     unbound_views, var_vals = zip(*[v.unbind() for v in self.views])
     return ShapeTracker(tuple(unbound_views)), merge_dicts(var_vals)
 

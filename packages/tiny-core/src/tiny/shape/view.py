@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Set, Tuple, cast
+from typing import Any, Dict, List, Optional, Set, Tuple, cast
 
 from tiny.helpers import all_int, argsort, prod
 from tiny.shape.symbolic import Node, NumNode, Variable, sint, sym_infer
@@ -111,11 +111,24 @@ class View:
   mask: Optional[Mask]
   contiguous: bool
 
+  # size and hash are asked for many times per op (every LazyBuffer, cache key and schedule lookup): they are computed
+  # once and kept in the instance dict (fields are frozen, so they cannot go stale)
   def size(self) -> int:
     """Number of positions (a symbolic dim counts as its max)."""
-    ret = prod([_imax_dim(x) for x in self.shape])
-    assert isinstance(ret, int), f"{ret=} is not an int"
+    if (ret := self.__dict__.get("_size")) is None:
+      ret = prod([_imax_dim(x) for x in self.shape])
+      assert isinstance(ret, int), f"{ret=} is not an int"
+      self.__dict__["_size"] = ret
     return ret
+
+  def __hash__(self) -> int:
+    if (ret := self.__dict__.get("_hash")) is None:
+      ret = self.__dict__["_hash"] = hash((self.shape, self.strides, self.offset, self.mask, self.contiguous))
+    return ret
+
+  def __getstate__(self) -> Dict[str, Any]:
+    # a hash of Variable names is only valid in this process (str hashes are salted): never pickle the cached one
+    return {k: v for k, v in self.__dict__.items() if k not in ("_hash", "_size")}
 
   @staticmethod
   @functools.lru_cache(maxsize=None)
