@@ -70,6 +70,22 @@ def time_it(fn: Runner, sync: Callable[[], None], warmup: int, repeat: int, budg
   return statistics.median(times), first
 
 
+def first_call_in_subprocess(code: str, env: Dict[str, str]) -> float:
+  """Seconds of a first call, measured by a fresh Python process (empty in-memory caches, an empty compile cache dir).
+
+  `code` runs with `bench/` on sys.path and must print the seconds as its last stdout line."""
+  import subprocess
+  import tempfile
+  with tempfile.TemporaryDirectory(prefix="bench_first_call_") as d:
+    full_env = {**os.environ, **env, "CACHEDB": os.path.join(d, "cache.db"), "XDG_CACHE_HOME": d, "PROGRESS": "0"}
+    bench_dir = os.path.dirname(os.path.abspath(__file__))
+    proc = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {bench_dir!r})\n{code}"], env=full_env,
+                          capture_output=True, text=True, timeout=1800)
+  if proc.returncode != 0:
+    raise RuntimeError(f"first-call child failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
+  return float(proc.stdout.strip().splitlines()[-1])
+
+
 # ---------------------------------------------------------------- frameworks
 
 class Framework:
@@ -178,6 +194,11 @@ class TorchFW(Framework):
     from models.mnist_cnn import torch_step
     return torch_step(batch)
 
+  def mnist_first_call(self, batch: int) -> Runner:
+    code = ("import time\nfrom models.mnist_cnn import torch_step\n"
+            f"run = torch_step({batch})\nst = time.perf_counter(); float(run()); print(time.perf_counter() - st)")
+    return lambda: first_call_in_subprocess(code, {})
+
   def gpt2(self, cfg: Any, weights: Any, prompt_len: int, phase: str) -> Runner:
     from models.gpt2 import torch_runners
     prefill, decode, _ = torch_runners(weights, cfg, prompt_len)
@@ -272,6 +293,13 @@ class TinyLikeFW(Framework):
     from models.mnist_cnn import tensor_step
     return tensor_step(self.name, batch)
 
+  def mnist_first_call(self, batch: int) -> Runner:
+    # the step is built (weights initialized) before the clock starts: the figure is the first forward+backward+Adam
+    # step, scheduling and compiling every kernel of it with nothing cached
+    code = ("import time\nfrom models.mnist_cnn import tensor_step\n"
+            f"run = tensor_step({self.name!r}, {batch})\nst = time.perf_counter(); run().numpy(); print(time.perf_counter() - st)")
+    return lambda: first_call_in_subprocess(code, {self.device.split(":")[0]: "1"})
+
   def gpt2(self, cfg: Any, weights: Any, prompt_len: int, phase: str) -> Runner:
     from models.gpt2 import tensor_runners
     if phase != "decode":
@@ -313,6 +341,7 @@ class Bench:
   work: float  # per call, in the unit's numerator (GFLOP, GB, tokens, steps, ops)
   min_warmup: int = 1  # jitted workloads need 2 (run, capture) before the replays that are timed
   config: str = ""
+  self_timed: bool = False  # the runner measures itself and returns seconds (a first call in a fresh process)
 
 
 def suite(args: argparse.Namespace) -> List[Bench]:
@@ -353,6 +382,8 @@ def suite(args: argparse.Namespace) -> List[Bench]:
   items.append(Bench("100 small ops, eager", "us/op", lambda fw: fw.overhead(100), 100))
   items.append(Bench("100 small ops, jitted", "us/op", lambda fw: fw.overhead_jit(100), 100, min_warmup=2))
   items.append(Bench("first-call compile", "ms/kernel", lambda fw: fw.compile_latency(), 1))
+  items.append(Bench(f"MNIST train step b{mb} first call, empty cache", "s", lambda fw: fw.mnist_first_call(mb), 1, self_timed=True,
+                     config="fresh process and compile cache dir; model built before the clock starts"))
   return items
 
 
@@ -389,6 +420,8 @@ def figure(b: Bench, median_s: float) -> float:
     return median_s / b.work * 1e6
   if b.unit == "ms/kernel":
     return median_s * 1e3
+  if b.unit == "s":
+    return median_s
   return b.work / median_s
 
 
@@ -410,7 +443,12 @@ def run(args: argparse.Namespace) -> List[Result]:
         runner = build_runner(b, fw)
         if runner is None:
           continue  # this framework has no such workload (numpy has no conv2d)
-        med, first = time_it(runner, fw.sync, max(args.warmup, b.min_warmup), args.repeat, args.budget, fw.mem_sample)
+        if b.self_timed:
+          # each call is a whole fresh process: a few are enough, and there is nothing to warm up
+          secs = [float(runner()) for _ in range(max(1, min(args.repeat, getattr(args, "first_call_repeat", 3))))]
+          med, first = statistics.median(secs), secs[0]
+        else:
+          med, first = time_it(runner, fw.sync, max(args.warmup, b.min_warmup), args.repeat, args.budget, fw.mem_sample)
       except Exception as e:  # a failing framework must not stop the others
         msg = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:160]
         results.append(Result(b.name, fw.name, fw.device, float("nan"), b.unit, float("nan"), note=msg, load=os.getloadavg()[0]))
@@ -441,7 +479,7 @@ def build_runner(b: Bench, fw: Framework) -> Optional[Runner]:
 
 
 def lower_is_better(unit: str) -> bool:
-  return unit in ("us/op", "ms/kernel")
+  return unit in ("us/op", "ms/kernel", "s")
 
 
 def fmt(v: float) -> str:
@@ -531,6 +569,7 @@ def main() -> None:
   ap.add_argument("--warmup", type=int, default=2)
   ap.add_argument("--repeat", type=int, default=10)
   ap.add_argument("--budget", type=float, default=5.0, help="seconds of timed runs per benchmark")
+  ap.add_argument("--first-call-repeat", type=int, default=3, help="fresh processes per first-call benchmark (median reported)")
   ap.add_argument("--json", default=None, help="append JSON lines here")
   ap.add_argument("--write", action="store_true", help="write bench/RESULTS.md")
   args = ap.parse_args()

@@ -8,8 +8,9 @@ import platform
 import shlex
 import shutil
 import subprocess
+import sys
 import tempfile
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Tuple
 
 from tiny.backend import CompileError, Compiler
 
@@ -52,14 +53,14 @@ def host_cpu_id() -> str:
   return hashlib.sha256(f"{platform.machine()}|{platform.processor()}|{ident}".encode()).hexdigest()[:16]
 
 
-def _run_to_bytes(cmd: List[str], src: str) -> subprocess.CompletedProcess:
+def _run_to_bytes(cmd: List[str], src: str, pass_fds: Tuple[int, ...] = ()) -> subprocess.CompletedProcess:
   """Run cmd with the output path as its last argument, feeding src on stdin; returns (proc, output bytes).
 
   The output goes to an anonymous in-memory file when the OS has memfd, so nothing is left on disk even if we crash."""
   if hasattr(os, "memfd_create"):
     fd = os.memfd_create("tiny_clang_out")
     try:
-      proc = subprocess.run(cmd + [f"/proc/self/fd/{fd}"], input=src.encode(), capture_output=True, pass_fds=(fd,))
+      proc = subprocess.run(cmd + [f"/proc/self/fd/{fd}"], input=src.encode(), capture_output=True, pass_fds=(fd,) + pass_fds)
       if proc.returncode == 0:
         os.lseek(fd, 0, os.SEEK_SET)
         size = os.fstat(fd).st_size
@@ -78,8 +79,39 @@ def _run_to_bytes(cmd: List[str], src: str) -> subprocess.CompletedProcess:
     return proc
 
 
+@functools.lru_cache(None)
+def direct_linker(cc: str) -> Optional[str]:
+  """The linker that `cc -shared` runs, when tiny may run it itself (Linux, memfd, TINY_CLANG_DIRECT_LINK not 0); else None.
+
+  Linking through the compiler driver costs a second driver process and the C runtime start files, about as much CPU as
+  compiling a small kernel; `ld -shared` on the object does the same work in a few milliseconds. The object is the one
+  the driver would have built (same compiler, same flags), so the kernel's machine code does not change."""
+  if not sys.platform.startswith("linux") or not hasattr(os, "memfd_create") or os.environ.get("TINY_CLANG_DIRECT_LINK", "1") == "0":
+    return None
+  try:
+    name = subprocess.run(shlex.split(cc) + ["-print-prog-name=ld"], capture_output=True, text=True, timeout=30).stdout.strip()
+  except (OSError, subprocess.SubprocessError):
+    return None
+  return shutil.which(name) if name else None
+
+
+def _link_shared(ld: str, obj: bytes) -> Optional[bytes]:
+  """obj linked into a shared object by ld (against libm and libc, like the driver does); None when ld fails."""
+  fd = os.memfd_create("tiny_clang_obj")
+  try:
+    os.write(fd, obj)
+    proc = _run_to_bytes([ld, "-shared", f"/proc/self/fd/{fd}", "-lm", "-lc", "-o"], "", pass_fds=(fd,))
+  except OSError:
+    return None
+  finally:
+    os.close(fd)
+  return proc.stdout if proc.returncode == 0 and proc.stdout else None
+
+
 class ClangCompiler(Compiler):
-  """C source -> shared object bytes, with clang (or $CC, or the system cc). Flags: $CFLAGS replaces the defaults."""
+  """C source -> shared object bytes, with clang (or $CC, or the system cc). Flags: $CFLAGS replaces the defaults.
+
+  On Linux the source is compiled to an object by the compiler and linked by calling its linker directly (see direct_linker)."""
 
   def __init__(self, cachekey: str = "compile_clang", opt_args: Optional[List[str]] = None):
     cc = find_cc()
@@ -89,11 +121,29 @@ class ClangCompiler(Compiler):
     self.flags = shlex.split(os.environ["CFLAGS"]) if os.environ.get("CFLAGS") else list(DEFAULT_CFLAGS)
     self.flags += opt_args or []
     native = any(f.endswith("=native") for f in self.flags)
-    key = hashlib.sha256(f"{_cc_version(cc)}|{self.flags}|{host_cpu_id() if native else ''}".encode()).hexdigest()[:16]
+    # -pthread also picks the thread library at link time: leave such builds (the worker pool) to the driver
+    self.ld = direct_linker(cc) if "-pthread" not in self.flags else None
+    # the linker is part of the key too: a binary linked one way is never served to a setup that links the other way
+    link = f"|ld={self.ld}" if self.ld is not None else ""
+    key = hashlib.sha256(f"{_cc_version(cc)}|{self.flags}|{host_cpu_id() if native else ''}{link}".encode()).hexdigest()[:16]
     super().__init__(f"{cachekey}_{key}")
+
+  # compile() only runs a subprocess: the engine may run several at once
+  parallel_compile = True
 
   def compile(self, src: str) -> bytes:
     """Compile src to a shared object; a failure raises CompileError with the numbered source and the compiler's message."""
+    if self.ld is not None:
+      try:
+        proc = _run_to_bytes(self.cc + ["-c"] + self.flags + ["-x", "c", "-", "-o"], src)
+      except OSError as e:
+        raise CompileError(f"could not run the C compiler {self.cc[0]!r}: {e}", src) from e
+      if proc.returncode != 0:
+        raise CompileError(f"{' '.join(self.cc)} failed (exit {proc.returncode}):\n{proc.stderr.decode(errors='replace').strip()}", src)
+      if (lib := _link_shared(self.ld, proc.stdout)) is not None:
+        return lib
+      # the linker could not be run on its own here (an unusual toolchain layout): let the driver link from now on
+      self.ld = None
     cmd = self.cc + ["-shared"] + self.flags + ["-x", "c", "-", "-lm", "-o"]
     try:
       proc = _run_to_bytes(cmd, src)

@@ -346,16 +346,29 @@ class Compiler:
     """Compile one source; the default 'compiler' is the identity on the source text."""
     return src.encode()
 
+  # True when compile() may run in several threads at once (it holds no shared state and mostly waits on a subprocess):
+  # the engine then compiles the new kernels of a schedule in parallel. The disk cache itself is used from one thread only.
+  parallel_compile: bool = False
+
+  def cache_lookup(self, src: str) -> Optional[bytes]:
+    """The binary of src from the disk cache, or None (no cache, a miss, or a corrupt or foreign entry)."""
+    if self.cachekey is None or helpers.CACHELEVEL < 1:
+      return None
+    lib = diskcache_get(self.cachekey, src)
+    return lib if isinstance(lib, bytes) else None
+
+  def cache_store(self, src: str, lib: bytes) -> None:
+    """Remember lib as the binary of src in the disk cache (when caching is on)."""
+    if self.cachekey is not None and helpers.CACHELEVEL >= 1:
+      diskcache_put(self.cachekey, src, lib)
+
   def compile_cached(self, src: str) -> bytes:
     """compile(src), served from the disk cache when possible. Corrupt or foreign entries are rebuilt."""
-    use_cache = self.cachekey is not None and helpers.CACHELEVEL >= 1
-    lib = diskcache_get(self.cachekey, src) if use_cache and self.cachekey is not None else None
-    if not isinstance(lib, bytes):
+    if (lib := self.cache_lookup(src)) is None:
       if DEBUG >= 5:
         print(f"compiling with {type(self).__name__}, cache miss for {self.cachekey}")
       lib = self.compile(src)
-      if use_cache and self.cachekey is not None:
-        diskcache_put(self.cachekey, src, lib)
+      self.cache_store(src, lib)
     return lib
 
 

@@ -6,8 +6,11 @@ optimized and compiled once per process); `BufferCopy`/`BufferXfer` move data be
 """
 from __future__ import annotations
 
+import os
+import sys
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, Generator, List, Optional, Tuple
 
@@ -15,7 +18,7 @@ from tiny import plugins
 from tiny.codegen.kernel import Kernel
 from tiny.device import Buffer, Compiled
 from tiny.engine.schedule import ScheduleItem
-from tiny.helpers import BEAM, CAPTURING, DEBUG, NOOPT, GlobalCounters, Metadata, ansilen, colored, getenv, to_function_name
+from tiny.helpers import BEAM, CAPTURING, DEBUG, NOOPT, GlobalCounters, Metadata, ansilen, colored, getenv, progress_bar, to_function_name
 from tiny.ops import LazyOp, MetaOps
 from tiny.registry import Device
 from tiny.renderer import Program, Renderer
@@ -163,8 +166,11 @@ method_cache: Dict[Tuple[str, Tuple[Any, ...], LazyOp, int, int, bool], Compiled
 _method_cache_plugins: Tuple[int, int] = (-1, -1)
 
 
-def get_runner(dname: str, ast: LazyOp) -> CompiledRunner:
-  """The compiled runner for ast on device dname, from the method cache when possible."""
+_CacheKey = Tuple[str, Tuple[Any, ...], LazyOp, int, int, bool]
+
+
+def _cache_keys(dname: str, ast: LazyOp) -> Tuple[_CacheKey, _CacheKey, Renderer]:
+  """(exact-device key, device-kind key, renderer) of ast in the method cache."""
   global _method_cache_plugins
   if (gen := plugins.generation()) != _method_cache_plugins:
     # plugins were reset or registered: a device name may now stand for another renderer or toolchain
@@ -172,10 +178,14 @@ def get_runner(dname: str, ast: LazyOp) -> CompiledRunner:
     _method_cache_plugins = gen
   renderer = _device(dname).renderer
   rkey = renderer.cache_key()
-  ckey = (dname, rkey, ast, BEAM.value, NOOPT.value, False)
+  return (dname, rkey, ast, BEAM.value, NOOPT.value, False), (dname.split(":")[0], rkey, ast, BEAM.value, NOOPT.value, True), renderer
+
+
+def get_runner(dname: str, ast: LazyOp) -> CompiledRunner:
+  """The compiled runner for ast on device dname, from the method cache when possible."""
+  ckey, bkey, renderer = _cache_keys(dname, ast)
   if (cret := method_cache.get(ckey)) is not None:
     return cret
-  bkey = (dname.split(":")[0], rkey, ast, BEAM.value, NOOPT.value, True)
   if (bret := method_cache.get(bkey)) is not None:
     ret = CompiledRunner(replace(bret.p, dname=dname), bret.lib)
   else:
@@ -184,6 +194,77 @@ def get_runner(dname: str, ast: LazyOp) -> CompiledRunner:
     method_cache[bkey] = ret
   method_cache[ckey] = ret
   return ret
+
+
+def _show_progress(n: int) -> bool:
+  # a bar only helps when there is a wait to watch, and must not litter logs or captured output: many kernels, and
+  # stderr a terminal (or DEBUG>=1, where the user asked for progress output). PROGRESS=0 turns it off, PROGRESS=1 forces it.
+  if (force := getenv("PROGRESS", -1)) >= 0:
+    return bool(force) and n >= 2
+  return n >= 8 and (DEBUG >= 1 or sys.stderr.isatty())
+
+
+def precompile(schedule: List[ScheduleItem]) -> int:
+  """Compile the not yet cached kernels of schedule ahead of running it, several at a time; returns how many were built.
+
+  Kernels are optimized and rendered here, one after another (that is Python), while the compiler turns the sources
+  into binaries on a thread pool (clang runs as a subprocess, so it uses the other cores meanwhile). Only compilers
+  that declare `parallel_compile` take part, and never under BEAM (the search compiles and times candidates itself).
+  A kernel that fails to optimize, render or compile here is left out: lowering it later raises the error in order."""
+  if len(schedule) < 2 or BEAM >= 1 or getenv("PARALLEL_COMPILE", 1) == 0:
+    return 0
+  todo: Dict[_CacheKey, Tuple[str, LazyOp, _CacheKey]] = {}
+  for si in schedule:
+    if si.ast.op is not MetaOps.KERNEL or not si.bufs:
+      continue
+    dname = si.outputs[0].device
+    try:
+      ckey, bkey, _ = _cache_keys(dname, si.ast)
+      if not _device(dname).compiler.parallel_compile:
+        continue
+    except Exception:
+      continue
+    if ckey not in method_cache and bkey not in method_cache and bkey not in todo:
+      todo[bkey] = (dname, si.ast, ckey)
+  if len(todo) < 2:
+    return 0   # nothing to overlap: the usual path compiles it
+  workers = max(1, min(len(todo), os.cpu_count() or 1))
+  built = 0
+  with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tiny-compile") as pool:
+    jobs: List[Tuple[_CacheKey, _CacheKey, Program, Optional[bytes], Optional["Future[bytes]"]]] = []
+    # the bar counts kernels that are ready (rendered, and compiled or found in the disk cache), as they get ready
+    bar = progress_bar(len(todo), "compiling", "kernel") if _show_progress(len(todo)) else None
+    tick: Callable[..., None] = (lambda *_: bar.update(1)) if bar is not None else (lambda *_: None)
+    try:
+      for bkey, (dname, ast, ckey) in todo.items():
+        compiler = _device(dname).compiler
+        try:
+          prg = replace(get_kernel(_device(dname).renderer, ast).to_program(), dname=dname)
+        except Exception:
+          tick()
+          continue
+        fut = None
+        if (lib := compiler.cache_lookup(prg.src)) is None:
+          (fut := pool.submit(compiler.compile, prg.src)).add_done_callback(tick)
+        else:
+          tick()
+        jobs.append((bkey, ckey, prg, lib, fut))
+      for bkey, ckey, prg, lib, fut in jobs:
+        if fut is not None:
+          try:
+            lib = fut.result()
+          except Exception:
+            lib = None
+          if lib is not None:
+            _device(prg.dname).compiler.cache_store(prg.src, lib)
+        if lib is None:
+          continue
+        method_cache[bkey] = method_cache[ckey] = CompiledRunner(prg, lib)
+        built += 1
+    finally:
+      if bar is not None:
+        bar.close()
+  return built
 
 
 # **************** executing ****************
@@ -261,7 +342,10 @@ def lower_schedule_item(si: ScheduleItem) -> ExecItem:
 
 
 def lower_schedule(schedule: List[ScheduleItem]) -> Generator[ExecItem, None, None]:
-  """Lower items one at a time (popping them from schedule, so buffers are released as we go)."""
+  """Lower items one at a time (popping them from schedule, so buffers are released as we go).
+
+  New kernels are compiled up front, in parallel where the compiler allows it (see precompile)."""
+  precompile(schedule)
   while len(schedule):
     si = schedule.pop(0)
     try:
