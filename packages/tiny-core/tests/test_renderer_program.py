@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import math
-from typing import List
 
 import pytest
 
@@ -13,22 +12,6 @@ from tiny.renderer import Program, Renderer, TensorCore
 from tiny.renderer.cstyle import CStyleLanguage, RenderError
 from tiny.runtime.ops_python import PythonRenderer
 from tiny.shape.symbolic import Variable
-
-
-def _renderer_tensor_cores(device: str) -> List[TensorCore]:
-  """The tensor cores the device's own package declares (the emulator takes them from its renderer), or skip."""
-  try:
-    return list(PythonRenderer(device).tensor_cores)
-  except ValueError as e:
-    pytest.skip(f"tiny-{device.lower()} is not installed: {e}")
-
-
-def amd_tensor_cores() -> List[TensorCore]:
-  return _renderer_tensor_cores("AMD")
-
-
-def metal_tensor_cores() -> List[TensorCore]:
-  return _renderer_tensor_cores("METAL")
 
 
 def _kernel_with_vars():
@@ -73,7 +56,10 @@ def test_program_fused_index_drops_local_size():
 
 
 def test_tensor_cores():
-  amd, metal = amd_tensor_cores(), metal_tensor_cores()
+  # the vendors' tensor cores come from their packages' renderers (PYTHON's emulate mode asks the same renderers)
+  pytest.importorskip("tiny_amd", reason="tiny-amd is not installed")
+  pytest.importorskip("tiny_metal", reason="tiny-metal is not installed")
+  amd, metal = PythonRenderer("AMD").tensor_cores, PythonRenderer("METAL").tensor_cores
   assert [(t.dtype_in, t.dtype_out) for t in amd] == [(dtypes.half, dtypes.float), (dtypes.half, dtypes.half)]
   assert str(amd[0]) == "WMMA_16_16_16_half_float"
   # M*K, K*N and M*N elements are spread over the warp (RDNA3 wave32 keeps A and B twice)
