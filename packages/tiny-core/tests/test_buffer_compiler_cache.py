@@ -118,6 +118,25 @@ def test_concurrent_processes_share_the_cache(cachedb):
   assert c.compile_cached("kernel 3") == b"kernel 3kernel 3kernel 3" and c.calls == 0
 
 
+THREADS_WORKER = """
+import sys, threading, tiny.helpers as h
+h.CACHEDB = sys.argv[1]
+# the process's first cache call comes from another thread (a compile pool, a user's worker thread)
+t = threading.Thread(target=lambda: h.diskcache_put("t", "from_thread", b"a"))
+t.start(); t.join()
+h.diskcache_put("t", "from_main", b"b")
+print(h.diskcache_get("t", "from_thread"), h.diskcache_get("t", "from_main"))
+"""
+
+
+def test_cache_works_from_every_thread(tmp_path):
+  # regression: the connection was tied to the thread that opened it, so the main thread's gets and puts failed
+  # quietly and every compile afterwards was a miss
+  out = subprocess.run([sys.executable, "-c", THREADS_WORKER, str(tmp_path / "cache.db")], capture_output=True, text=True, timeout=60)
+  assert out.returncode == 0, out.stderr
+  assert out.stdout.strip() == "b'a' b'b'"
+
+
 def test_compile_error_carries_source_and_message():
   src = "int f() {\n  return x;\n}"
   e = CompileError("error: use of undeclared identifier 'x'", src)

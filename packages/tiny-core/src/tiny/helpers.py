@@ -9,6 +9,7 @@ import os
 import platform
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -413,6 +414,9 @@ def _file_id(path: str) -> Optional[Tuple[int, int]]:
   return st.st_dev, st.st_ino
 
 
+_cache_thread_lock = threading.RLock()
+
+
 def _cache_db() -> Any:
   import sqlite3
   key = (os.getpid(), CACHEDB)
@@ -420,7 +424,9 @@ def _cache_db() -> Any:
     if CACHEDB != ":memory:":
       # the cache holds code that gets loaded: keep a new cache directory private to the user
       os.makedirs(os.path.dirname(CACHEDB) or ".", mode=0o700, exist_ok=True)
-    conn = sqlite3.connect(CACHEDB, timeout=30, isolation_level=None)
+    # any thread may use it (under _cache_thread_lock): a connection tied to the thread that opened it made every other
+    # thread's cache calls fail, which read as misses, so the cache silently stopped working
+    conn = sqlite3.connect(CACHEDB, timeout=30, isolation_level=None, check_same_thread=False)
     _db_connections[key], _db_file_ids[key] = conn, _file_id(CACHEDB)
     with contextlib.suppress(sqlite3.OperationalError):
       conn.execute("PRAGMA journal_mode=WAL")  # a damaged file raises DatabaseError here, which _cache_run handles
@@ -477,16 +483,19 @@ def _recreate_cache_db(e: BaseException) -> None:
 
 
 def _cache_run(fn: Callable[[Any], T]) -> Optional[T]:
-  """fn(connection); a damaged database is recreated and fn retried once. None when the cache cannot be used."""
+  """fn(connection); a damaged database is recreated and fn retried once. None when the cache cannot be used.
+
+  One connection per process serves every thread (made with check_same_thread=False), so calls are serialized here."""
   import sqlite3
-  for attempt in range(2):
-    try:
-      return fn(_cache_db())
-    except (sqlite3.Error, OSError) as e:
-      if attempt == 0 and _is_damaged(e):
-        _recreate_cache_db(e)
-        continue
-      return None
+  with _cache_thread_lock:
+    for attempt in range(2):
+      try:
+        return fn(_cache_db())
+      except (sqlite3.Error, OSError) as e:
+        if attempt == 0 and _is_damaged(e):
+          _recreate_cache_db(e)
+          continue
+        return None
   return None
 
 
