@@ -4,10 +4,12 @@ It decides which LazyBuffers get their own memory ("realizes") and fuses everyth
 that use it:
 - outputs, meta ops (copies, contiguous, assign, ...) and `forced_realize` buffers are realized;
 - a view that expands its base (broadcasting a reduce result, say) realizes the base, so the work is not
-  repeated for every broadcast element;
+  repeated for every broadcast element, unless the base is a few elementwise ops on buffers that exist already
+  (BatchNorm's rsqrt(var + eps)): then each reading kernel recomputes it instead of a kernel of its own;
 - a padded view fuses only when every op between it and the realized inputs maps 0 to 0 (UNSAFE_PAD_OPS);
 - elementwise work after a reduce joins the reduce's kernel when it reads the reduce contiguously, and
-  several outputs of one reduce become one multi-output kernel.
+  several outputs of one reduce become one multi-output kernel, which also stores the realized buffers computed
+  elementwise and contiguously from those outputs (an optimizer's new weight from its new momentum).
 Kernels are then ordered by a deterministic toposort in which every read of an assign target comes before
 the assign, and a memory planner lets intermediates whose lifetimes do not overlap share buffers.
 """
@@ -169,8 +171,12 @@ def _lower_group(outs: List[LazyBuffer], realizes: Dict[LazyBuffer, None], reduc
 # **************** the graph walk and realize decisions ****************
 
 def _recurse_lb(buf: LazyBuffer, realizes: Dict[LazyBuffer, None], allbufs: Dict[LazyBuffer, None], simple_pads: Dict[LazyBuffer, None],
-                children: DefaultDict[LazyBuffer, Dict[LazyBuffer, None]], assign_targets: Dict[LazyBuffer, LazyBuffer]) -> None:
-  """Visit every unrealized LazyBuffer reachable from buf, recording children and the forced realizes."""
+                children: DefaultDict[LazyBuffer, Dict[LazyBuffer, None]], assign_targets: Dict[LazyBuffer, LazyBuffer],
+                expanded: Optional[Dict[LazyBuffer, None]] = None) -> None:
+  """Visit every unrealized LazyBuffer reachable from buf, recording children and the forced realizes.
+
+  Bases read through a plain (unmasked) expand go to `expanded` when it is given: the caller decides once the whole
+  graph is known whether they are cheap enough to recompute per element (see _cheap_to_recompute)."""
   stack: List[LazyBuffer] = [buf]
   while stack:
     buf = stack.pop()
@@ -185,7 +191,10 @@ def _recurse_lb(buf: LazyBuffer, realizes: Dict[LazyBuffer, None], allbufs: Dict
       elif prod(buf.base.st.shape) < prod(buf.st.shape):
         # an expand: compute the base once instead of once per broadcast element
         if not (buf.base.op is UnaryOps.CAST and isinstance(buf.base.srcs[0].dtype, ImageDType) and isinstance(buf.base.arg, ImageDType)):
-          realizes[buf.base] = None
+          if expanded is not None and all(v.mask is None for v in views) and all_int(buf.st.shape):
+            expanded[buf.base] = None
+          else:
+            realizes[buf.base] = None
       elif any(v.mask is not None for v in views):
         simple_pads[buf.base] = None
       stack.append(buf.base)
@@ -208,6 +217,36 @@ def _recurse_lb(buf: LazyBuffer, realizes: Dict[LazyBuffer, None], allbufs: Dict
         children[x.base][buf] = None
     # reversed so the first source is visited first (keeps buffer order stable and natural)
     stack.extend(reversed(buf.srcs))
+
+
+# the most elementwise ops a broadcast value may have to be recomputed per element instead of getting its own kernel
+_RECOMPUTE_MAX_OPS = 8
+
+
+def _cheap_to_recompute(b: LazyBuffer, realizes: Dict[LazyBuffer, None], assign_targets: Dict[LazyBuffer, LazyBuffer]) -> bool:
+  """b is a few elementwise ops on buffers that exist before the kernels reading it run (realized ones, or ones realized in
+  this schedule), like Adam's `1 - b1**t` or BatchNorm's `rsqrt(var + eps)`: its expanded reads recompute it in the reading
+  kernel instead of launching a kernel for a handful of values. Not when it reads a buffer that is assigned in this
+  schedule: that read of the old contents stays in a kernel of its own, ordered before the assign."""
+  if b.forced_realize or not all_int(b.shape):
+    return False
+  todo, seen, ops = [b], set(), 0
+  while todo:
+    p = todo.pop()
+    if p in seen:
+      continue
+    seen.add(p)
+    if p.realized is not None:
+      if p in assign_targets:
+        return False
+      continue
+    if p.op is MetaOps.CONST or (p is not b and p in realizes):
+      continue
+    ops += 1
+    if not isinstance(p.op, (UnaryOps, BinaryOps, TernaryOps)) or isinstance(p.dtype, ImageDType) or ops > _RECOMPUTE_MAX_OPS:
+      return False
+    todo.extend(x.base for x in p.srcs)
+  return True
 
 
 def _is_padding_okay(buf: LazyBuffer, realizes: Dict[LazyBuffer, None]) -> bool:
@@ -264,6 +303,70 @@ def _reads_itself(group: Set[LazyBuffer], r: LazyBuffer, realizes: Dict[LazyBuff
   return False
 
 
+def _needs_other_reduce(members: Set[LazyBuffer], r: LazyBuffer) -> bool:
+  """Some member computes (through unscheduled ops) a reduce other than r: one kernel holds one reduce."""
+  todo, seen = deque(members), set()
+  while todo:
+    p = todo.pop()
+    if p in seen:
+      continue
+    seen.add(p)
+    if p.op in ReduceOps:
+      return True
+    todo.extend(x.base for x in p.srcs if x.base.realized is None and x.base is not r)
+  return False
+
+
+def _fusable_descendants(group: Set[LazyBuffer], r: LazyBuffer, realizes: Dict[LazyBuffer, None],
+                         children: DefaultDict[LazyBuffer, Dict[LazyBuffer, None]], reduce_for_op: Dict[LazyBuffer, LazyBuffer]) -> Set[LazyBuffer]:
+  """The realized buffers computed elementwise from the outputs of r's kernel (an optimizer's new weight from its new
+  momentum) that the same kernel can store too. Every path from an output to them must read each buffer whole and
+  contiguously: the kernel recomputes an output at the index it stores, so a permuted or broadcast read would get the
+  value of the wrong element (and the reduce's value is only there for the element being stored). Empty when any path
+  breaks that, or leads into another reduce or meta op."""
+  found: Set[LazyBuffer] = set()
+  seen: Set[LazyBuffer] = set()
+  todo = deque(group)
+  while todo:
+    c = todo.pop()
+    if c in seen:
+      continue
+    seen.add(c)
+    for x in children[c]:
+      if x.realized is not None or x.device != r.device:
+        continue
+      views = dedup(s for s in x.srcs if s.base is c)
+      if len(views) != 1 or not views[0].st.contiguous or views[0].size != c.size or x.size != r.size or x in reduce_for_op or \
+          x.op in ReduceOps or (x.op in MetaOps and x.op not in (MetaOps.CONTIGUOUS, MetaOps.ASSIGN)):
+        return set()
+      if x in realizes and x not in group:
+        found.add(x)
+      todo.append(x)
+  return found
+
+
+def _assign_hazard(group: Set[LazyBuffer], extra: Set[LazyBuffer], realizes: Dict[LazyBuffer, None],
+                   assign_targets: Dict[LazyBuffer, LazyBuffer]) -> bool:
+  """Adding `extra` to the kernel of `group` would read an assigned buffer's old contents in the kernel that overwrites it
+  (other than an assign reading its own target), or tie the kernel to an assign in another kernel."""
+  fused = group | extra
+  for m in fused:
+    todo, seen = [x.base for x in m.srcs], set()
+    while todo:
+      p = todo.pop()
+      if p in seen or p in fused:
+        continue
+      seen.add(p)
+      if p.realized is not None:
+        a = assign_targets.get(p)
+        if a is not None and a is not m and (m in extra or a in extra):
+          return True
+        continue
+      if p not in realizes:
+        todo.extend(x.base for x in p.srcs)
+  return False
+
+
 def _pair_reduces(allbufs: Dict[LazyBuffer, None], realizes: Dict[LazyBuffer, None], children: DefaultDict[LazyBuffer, Dict[LazyBuffer, None]],
                   assign_targets: Dict[LazyBuffer, LazyBuffer]) -> Dict[LazyBuffer, LazyBuffer]:
   """Give every reduce a kernel: fuse it into its realized descendants when that is clean, else realize it."""
@@ -277,23 +380,15 @@ def _pair_reduces(allbufs: Dict[LazyBuffer, None], realizes: Dict[LazyBuffer, No
     forced = r in group
     if not forced and len(group) > 1:
       # a multi-output kernel is only possible when no output depends on another reduce
-      parents, kids = deque(group), deque(group)
-      while parents and not forced:
-        if (p := parents.pop()).op in ReduceOps:
-          forced = True
-        else:
-          parents.extend(x.base for x in p.srcs if x.base.realized is None and x.base is not r)
-      realized_descendants: Set[LazyBuffer] = set()
-      while kids and not forced:
-        c = kids.pop()
-        if c.op in ReduceOps or not c.st.contiguous or c.st.size != r.st.size or c in reduce_for_op:
-          realized_descendants.clear()
-          break
-        if c in realizes and c not in group:
-          realized_descendants.add(c)
-        kids.extend(x for x in children[c] if x.realized is None and x.device == r.device)
-      group.update(realized_descendants)
-      forced = forced or _reads_itself(group, r, realizes)
+      forced = _needs_other_reduce(group, r)
+    if not forced and group:
+      # realized buffers computed elementwise from the outputs join the kernel too (a weight update after its momentum's)
+      extra = _fusable_descendants(group, r, realizes, children, reduce_for_op)
+      if extra and not _needs_other_reduce(extra, r) and not _assign_hazard(group, extra, realizes, assign_targets) and \
+          not _reads_itself(group | extra, r, realizes):
+        group.update(extra)
+      elif len(group) > 1:
+        forced = _reads_itself(group, r, realizes)
     if not forced and any(x.op is MetaOps.ASSIGN for x in group):
       # an assign may join only if its kernel reads no other buffer that is assigned in this schedule
       todo = deque((r, *group))
@@ -338,8 +433,9 @@ def _graph_schedule(outs: Sequence[LazyBuffer], seen: Set[LazyBuffer]) -> _Graph
   simple_pads: Dict[LazyBuffer, None] = {}
   children: DefaultDict[LazyBuffer, Dict[LazyBuffer, None]] = defaultdict(dict)
   assign_targets: Dict[LazyBuffer, LazyBuffer] = {}
+  expanded: Dict[LazyBuffer, None] = {}
   for out in outs:
-    _recurse_lb(out.base, realizes, allbufs, simple_pads, children, assign_targets)
+    _recurse_lb(out.base, realizes, allbufs, simple_pads, children, assign_targets, expanded)
   # lazy results made from a buffer's old contents before it was assigned (b = t * 2; t.assign(...)): torch computed them
   # before the write, so they are realized here too, ordered before the assign, instead of later from the new contents
   checked: Set[LazyBuffer] = set()
@@ -347,7 +443,10 @@ def _graph_schedule(outs: Sequence[LazyBuffer], seen: Set[LazyBuffer]) -> _Graph
     checked.update(todo)
     for r in dedup(r for a in todo for r in a.pending_stale_readers() if r not in allbufs and r not in seen):
       realizes[r] = None
-      _recurse_lb(r, realizes, allbufs, simple_pads, children, assign_targets)
+      _recurse_lb(r, realizes, allbufs, simple_pads, children, assign_targets, expanded)
+  for b in expanded:
+    if b not in realizes and not _cheap_to_recompute(b, realizes, assign_targets):
+      realizes[b] = None
 
   for p in simple_pads:
     if not _is_padding_okay(p, realizes):
