@@ -24,7 +24,7 @@ from tiny.helpers import (_METADATA, CHECK_INDEX, DEBUG, ContextVar, Metadata, a
 from tiny.lazy import LazyBuffer
 from tiny.ops import MetaOps
 from tiny.registry import Device
-from tiny.shape.symbolic import Node, Variable, sint, sym_infer
+from tiny.shape.symbolic import MulNode, Node, NumNode, SumNode, Variable, sint, sym_infer
 
 DTypeLike = Union[str, DType]
 TRACEMETA = ContextVar("TRACEMETA", 1)
@@ -375,7 +375,11 @@ class Tensor:
       return self.to(self.device[0])._data()
     from tiny.engine.realize import realize_lock
     with realize_lock:
-      t = self.cast(self.dtype.scalar()).contiguous().realize()
+      t = self.cast(self.dtype.scalar()).contiguous()
+      if t.lazydata.base.realized is None and t.lazydata.base.op is MetaOps.CONST and isinstance(t.lazydata.base.arg, Variable):
+        # a bound Variable's constant (Tensor.from_node): contiguous() leaves it lazy, so give it a kernel of its own
+        t = Tensor(t.lazydata.e(MetaOps.CONTIGUOUS), device=t.device, requires_grad=False)
+      t = t.realize()
       buf = t.lazydata.base.realized
       assert buf is not None, f"{t.lazydata.base} was not realized"
       return buf.as_buffer()
@@ -384,9 +388,11 @@ class Tensor:
     """The contents as a memoryview shaped like the tensor."""
     if self.dtype.fmt is None:
       raise TypeError(f"{self.dtype} has no memoryview format: cast it first")
-    if not all_int(self.shape):
-      raise RuntimeError(f"data() needs a concrete shape, got {self.shape}")
     fmt: Any = self.dtype.fmt
+    if not all_int(self.shape):
+      if (bound := _bound_shape(self.shape)) is None:
+        raise RuntimeError(f"data() needs a concrete shape or bound Variables, got {self.shape}")
+      return memoryview(bytearray(0)).cast(fmt) if 0 in bound else self.reshape(bound).data()
     return self._data().cast(fmt) if 0 in self.shape else self._data().cast(fmt, cast(Tuple[int, ...], self.shape))
 
   def item(self) -> ConstType:
@@ -406,7 +412,10 @@ class Tensor:
     if (npdt := to_np_dtype(self.dtype)) is None:
       raise TypeError(f"{self.dtype} has no numpy equivalent")
     if not all_int(self.shape):
-      raise RuntimeError(f"numpy() needs a concrete shape, got {self.shape}")
+      # a shape of bound Variables reads back at the bound sizes (the elements this binding covers)
+      if (bound := _bound_shape(self.shape)) is None:
+        raise RuntimeError(f"numpy() needs a concrete shape or bound Variables, got {self.shape}")
+      return np.zeros(bound, dtype=npdt) if 0 in bound else self.reshape(bound).numpy()
     if 0 in self.shape:
       return np.zeros(cast(Tuple[int, ...], self.shape), dtype=npdt)
     return np.frombuffer(self._data(), dtype=npdt).reshape(self.shape).copy()
@@ -974,6 +983,10 @@ class Tensor:
         shrink_arg.append((i, i + 1))
         strides.append(1)
         out_shape_items.append(("int", dim))
+      elif isinstance(it, slice) and any(isinstance(x, Node) for x in (it.start, it.stop, size)):
+        shrink_arg.append(_symbolic_slice(it, size, dim))
+        strides.append(1)
+        out_shape_items.append(("slice", dim))
       elif isinstance(it, slice):
         if it.step == 0:
           raise ValueError(f"slice step cannot be zero (dim {dim})")
@@ -1399,7 +1412,8 @@ class Tensor:
     if isinstance(dof := n - correction, int) and dof < 0 and sums.requires_grad and not Tensor.no_grad:
       # the value divides by max(0, dof), torch's derivative by dof itself: 0 * -1/|dof| is 0 there, not NaN
       return F.WithGrad.apply(sums, sums.detach().div(0), sums.detach().full_like(1.0 / dof), n=1)
-    return sums.div(max(0, dof))
+    # a symbolic count (a bound Variable axis) is clamped at launch, like the int case
+    return sums.div(max(0, dof) if isinstance(dof, int) else Tensor.from_node(dof, self.device, sums.dtype).maximum(0))
 
   def std(self, axis: Optional[Union[int, Sequence[int]]] = None, keepdim: bool = False, correction: int = 1) -> Tensor:
     """Standard deviation over axis; its gradient is 0 where it is 0 (torch's rule, sqrt's derivative would be inf)."""
@@ -2152,9 +2166,8 @@ class Tensor:
       else:
         y_dtype = dtypes.from_py(y)
       if isinstance(y, Node):
-        # a bound Variable stays bound; any other expression is unbound first, and Tensor() takes it only when that leaves a Variable
-        node: Any = y if isinstance(y, Variable) else y.unbind()[0]
-        y = Tensor(node, x.device, y_dtype, requires_grad=False)
+        # a symbolic size (x / n for a bound n, a mean's divisor): computed from its Variables' launch values
+        y = Tensor.from_node(y, x.device, y_dtype)
       elif y_dtype == x.dtype and not isinstance(x.dtype, ImageDType):
         # the common case (x + 1): the constant already in x's shape, the same lazy graph as the general path below
         # but without three Tensor-level steps, which were most of an eager op's Python time
@@ -2169,6 +2182,24 @@ class Tensor:
       x, y = y, x
     out_shape = _broadcast_shape(x.shape, y.shape)
     return x._broadcast_to(out_shape), y._broadcast_to(out_shape)
+
+  @staticmethod
+  def from_node(node: sint, device: Optional[str] = None, dtype: Optional[DTypeLike] = None) -> Tensor:
+    """A scalar Tensor holding the value of a symbolic size (sums and products of ints and Variables).
+
+    Each Variable becomes a kernel argument, so a TinyJit capture computes the value of the call it replays."""
+    dt = _to_dtype(dtype) if dtype is not None else dtypes.default_int
+    if isinstance(node, int):
+      return Tensor(node, device, dt, requires_grad=False)
+    if isinstance(node, NumNode):
+      return Tensor(node.b, device, dt, requires_grad=False)
+    if isinstance(node, Variable):
+      return Tensor(node, device, dt, requires_grad=False)
+    if isinstance(node, MulNode):
+      return Tensor.from_node(node.a, device, dt) * (node.b if isinstance(node.b, int) else Tensor.from_node(node.b, device, dt))
+    if isinstance(node, SumNode):
+      return functools.reduce(lambda acc, n: acc + Tensor.from_node(n, device, dt), node.nodes[1:], Tensor.from_node(node.nodes[0], device, dt))
+    raise NotImplementedError(f"a Tensor from the symbolic expression {node} ({type(node).__name__}) is not supported")
 
   def _to_const_val(self, x: Union[Tensor, ConstType]) -> Union[Tensor, ConstType]:
     # an unrealized constant tensor turns back into a Python scalar, which enables the cheap pow identities
@@ -2645,6 +2676,43 @@ def _np_dtype_or_raise(dtype: DType) -> Any:
   if (npdt := to_np_dtype(dtype)) is None:
     raise TypeError(f"{dtype} has no numpy equivalent")
   return npdt
+
+
+def _symbolic_slice(it: slice, size: sint, dim: int) -> Tuple[sint, sint]:
+  """The shrink bounds of a step-1 slice where the start, the stop or the dim size is symbolic (cache[:, :start_pos])."""
+  if it.step not in (None, 1):
+    raise IndexError(f"a slice with a symbolic bound or size needs step 1, got step {it.step} (dim {dim})")
+  bounds: List[sint] = []
+  for b, default in ((it.start, 0), (it.stop, size)):
+    if b is None:
+      b = default
+    elif isinstance(b, int) and b < 0:
+      if not isinstance(size, int):
+        raise IndexError(f"a negative slice bound {b} on the symbolic dim {dim} of size {size} is not supported")
+      b = max(0, b + size)
+    elif isinstance(b, int) and isinstance(size, int):
+      b = min(b, size)
+    elif not isinstance(b, (int, Node)):
+      raise TypeError(f"slice bounds must be ints or Variables, got {type(b).__name__} (dim {dim})")
+    bounds.append(b)
+  start, stop = bounds
+  bound = _bound_shape((start, stop, size))
+  if bound is not None and not 0 <= bound[0] <= bound[1] <= bound[2]:
+    raise IndexError(f"slice {start}:{stop} is out of bounds for dim {dim} of size {size} (bound values {bound})")
+  return start, stop
+
+
+def _bound_shape(shape: Tuple[sint, ...]) -> Optional[Tuple[int, ...]]:
+  """shape with every dim at the value of its bound Variables; None when a dim has an unbound Variable."""
+  out: List[int] = []
+  for s in shape:
+    if isinstance(s, int):
+      out.append(s)
+      continue
+    if any(v._val is None for v in s.vars()):
+      return None
+    out.append(sym_infer(s.unbind()[0], dict(v.unbind() for v in s.vars())))
+  return tuple(out)
 
 
 def _same_bound_size(a: sint, b: sint) -> bool:

@@ -206,6 +206,7 @@ class TinyJit(Generic[ReturnType]):
     self.out_lbs: List[Any] = []
     self.out_multi: List[Any] = []
     self.out_from_input: Dict[int, int] = {}
+    self._var_vals: Dict[Variable, int] = {}
 
   @property
   def jit_kernels(self) -> int:
@@ -332,26 +333,32 @@ class TinyJit(Generic[ReturnType]):
       self.jit_cache[j].bufs[i] = None
     if DEBUG >= 2:
       print(f"JIT replayed {len(self.jit_cache)} items, {GlobalCounters.kernel_count} kernels so far")
-    return self._rebuild(fresh, tensors)
+    return self._rebuild(fresh, tensors, var_vals)
 
-  def _rebuild(self, fresh: List[Buffer], inputs: List[Any]) -> Any:
+  def _rebuild(self, fresh: List[Buffer], inputs: List[Any], var_vals: Dict[Variable, int]) -> Any:
     """The captured return structure, with each output Tensor now backed by this call's buffers (and inputs)."""
     swap = {id(old): new for old, new in zip(self.out_bufs, fresh)}
-    return self._rebuild_value(self.out_template, swap, [lb for t in inputs for lb in _lbs(t)], itertools.count(), itertools.count())
+    self._var_vals = var_vals
+    try:
+      return self._rebuild_value(self.out_template, swap, [lb for t in inputs for lb in _lbs(t)], itertools.count(), itertools.count())
+    finally:
+      self._var_vals = {}
 
   def _rebuild_lb(self, k: int, swap: Dict[int, Buffer], inputs: List[LazyBuffer]) -> Optional[LazyBuffer]:
     """Output LazyBuffer k of this replay (None: a preexisting buffer, which stays what it was)."""
     lb = self.out_lbs[k]
+    # a symbolic output shape takes this call's values of its Variables, not the captured call's
+    st, base_st = lb.st.bind(self._var_vals), lb.base.st.bind(self._var_vals)
     if (i := self.out_from_input.get(k)) is not None:
       src = inputs[i].base
-      return src if lb.base is lb else create_lazybuffer(lb.device, lb.st, lb.dtype, base=src, enable_cache=False)
+      return src if lb.base is lb else create_lazybuffer(lb.device, st, lb.dtype, base=src, enable_cache=False)
     buf = lb.base.realized
     if buf is None or id(buf) not in swap:
       return None
-    base = LazyBuffer(lb.device, lb.base.st, lb.base.dtype, MetaOps.EMPTY)
+    base = LazyBuffer(lb.device, base_st, lb.base.dtype, MetaOps.EMPTY)
     base.buffer = swap[id(buf)]
     del base.srcs
-    return base if lb.base is lb else create_lazybuffer(lb.device, lb.st, lb.dtype, base=base, enable_cache=False)
+    return base if lb.base is lb else create_lazybuffer(lb.device, st, lb.dtype, base=base, enable_cache=False)
 
   def _rebuild_value(self, x: Any, swap: Dict[int, Buffer], inputs: List[LazyBuffer], counter: Iterator[int], lb_counter: Iterator[int]) -> Any:
     # a method, not a recursive closure: a closure that refers to itself is a reference cycle, which would keep every

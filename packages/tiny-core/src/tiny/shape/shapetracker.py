@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Optional, Set, Tuple, cast
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Set, Tuple, cast
 
 from tiny.helpers import merge_dicts
 from tiny.shape.symbolic import MulNode, Node, NumNode, SumNode, Variable, create_ge_node, create_lt_node, sint
@@ -115,6 +115,15 @@ class ShapeTracker:
       return self, {}   # no symbolic dims (the usual case): nothing to unbind
     unbound_views, var_vals = zip(*[v.unbind() for v in self.views])
     return ShapeTracker(tuple(unbound_views)), merge_dicts(var_vals)
+
+  def bind(self, var_vals: Mapping[Variable, int]) -> ShapeTracker:
+    """The tracker with its Variables bound to var_vals' values (keys unbound), e.g. a TinyJit replay's output shape."""
+    unbound, old_vals = self.unbind()
+    if not old_vals or not any(v in var_vals for v in old_vals):
+      return self
+    # a Variable var_vals does not name keeps its old value
+    binding: Dict[Variable, Node] = {v: v.bind(var_vals.get(v, val)) for v, val in old_vals.items()}
+    return ShapeTracker(tuple(v.substitute(binding) for v in unbound.views))
 
   def real_strides(self, ignore_valid: bool = False) -> Tuple[Optional[sint], ...]:
     """The stride of each dim in the final index expression; None where it isn't a plain stride (or is masked)."""

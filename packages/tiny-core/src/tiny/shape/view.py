@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Set, Tuple, cast
+from typing import Any, Dict, List, Mapping, Optional, Set, Tuple, cast
 
 from tiny.helpers import all_int, argsort, prod
 from tiny.shape.symbolic import Node, NumNode, Variable, sint, sym_infer
@@ -187,6 +187,16 @@ class View:
     ret = View.create(tuple(sub(s) for s in self.shape), tuple(sub(s) for s in self.strides), sub(self.offset), mask)
     return ret, {v.unbind()[0]: v.val for v in bound}
 
+  def substitute(self, var_map: Mapping[Variable, Node]) -> View:
+    """The view with Variables replaced by var_map's nodes (e.g. unbound ones by the same Variable bound to a new value)."""
+    def sub(x: sint) -> sint:
+      if isinstance(x, int):
+        return x
+      ret = x.substitute(var_map)
+      return ret.b if isinstance(ret, NumNode) else ret
+    mask = tuple((sub(b), sub(e)) for b, e in self.mask) if self.mask is not None else None
+    return View.create(tuple(sub(s) for s in self.shape), tuple(sub(s) for s in self.strides), sub(self.offset), mask)
+
   @functools.lru_cache(maxsize=None)  # noqa: B019
   def __add__(self, vm1: View) -> Optional[View]:
     """The single view equal to applying vm1 on top of self (vm1 indexes self's shape), or None when there is none."""
@@ -359,8 +369,9 @@ class View:
       return None
     old_nz = [(s, st, m) for s, st, m in zip(self.shape, self.strides, self.mask or [None] * len(self.shape)) if not (isinstance(s, int) and s == 1)]
     new_nz = [s for s in new_shape if not (isinstance(s, int) and s == 1)]
-    if len(old_nz) == len(new_nz) and all(o[0] is n or o[0] == n or (isinstance(o[0], int) and _sym_val(n) == o[0]) for o, n in zip(old_nz, new_nz)):
-      # the same dims (a bound symbolic dim may replace the int it is bound to), with size-1 dims added or removed
+    if len(old_nz) == len(new_nz) and all(o[0] is n or o[0] == n or (isinstance(o[0], int) and _sym_val(n) == o[0]) or
+                                          (isinstance(n, int) and _sym_val(o[0]) == n) for o, n in zip(old_nz, new_nz)):
+      # the same dims (a bound symbolic dim may replace the int it is bound to, or the other way), with size-1 dims added or removed
       it = iter(old_nz)
       final = [(1, 0, (0, 1)) if isinstance(s, int) and s == 1 else next(it) for s in new_shape]
       mask = tuple(m if m is not None else (0, s) for (_, _, m), s in zip(final, new_shape)) if self.mask is not None else None
