@@ -1,7 +1,6 @@
 """The AMD plugin as installed: entry point, probe, renderer and compiler without a GPU, and what asking for AMD says here."""
 from __future__ import annotations
 
-import ctypes
 import importlib.metadata
 import os
 import re
@@ -13,14 +12,7 @@ import pytest
 from tiny import plugins
 from tiny.registry import Device, DeviceUnavailableError
 from tiny_amd import plugin
-
-
-def hip_loads() -> bool:
-  try:
-    ctypes.CDLL("libamdhip64.so")
-    return True
-  except OSError:
-    return False
+from tiny_amd.plugin import _hip_loads  # the probe's own check, so a test skips exactly when the probe says why
 
 
 def test_entry_point_is_installed() -> None:
@@ -30,9 +22,9 @@ def test_entry_point_is_installed() -> None:
 
 def test_probe_explains_the_situation() -> None:
   reason = plugin.probe()
-  if not os.path.exists("/dev/kfd") and not hip_loads():
+  if not os.path.exists("/dev/kfd") and not _hip_loads():
     assert reason == "no AMD GPU driver found (/dev/kfd missing, no libamdhip64)"
-  elif not hip_loads():
+  elif not _hip_loads():
     assert reason is not None and "libamdhip64" in reason
   else:
     assert reason is None or isinstance(reason, str)
