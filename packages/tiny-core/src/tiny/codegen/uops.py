@@ -474,14 +474,6 @@ class PatternMatcher:
     return None
 
 
-def _arg_key(arg: Any) -> Any:
-  if isinstance(arg, float):
-    return ("f", repr(arg))  # keeps -0.0 apart from 0.0 and lets nan dedup
-  if isinstance(arg, bool):
-    return ("b", arg)
-  return arg
-
-
 def graph_rewrite(sink: UOp, pm: PatternMatcher) -> UOp:
   """Rewrite bottom-up with pm until no rule applies anywhere; structurally identical nodes become one uop."""
   canon: Dict[Any, UOp] = {}
@@ -495,8 +487,10 @@ def graph_rewrite(sink: UOp, pm: PatternMatcher) -> UOp:
     new_src = tuple([rw(s) for s in n.src])
     arg = n.arg
     try:
+      # floats by repr (keeps -0.0 apart from 0.0 and lets nan dedup), bools apart from the ints 0 and 1; inline, not a
+      # helper call, because this runs for every node of every rewrite
       key: Any = (n.op, n.dtype, tuple(map(id, new_src)),
-                  ("f", repr(arg)) if isinstance(arg, float) else ("b", arg) if isinstance(arg, bool) else arg)   # = _arg_key(arg)
+                  ("f", repr(arg)) if isinstance(arg, float) else ("b", arg) if isinstance(arg, bool) else arg)
       hash(key)
     except TypeError:
       key = None
