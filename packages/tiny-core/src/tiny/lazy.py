@@ -153,6 +153,11 @@ class LazyBuffer:
   def is_unrealized_const(self) -> bool:
     return self.base.realized is None and self.base.op is MetaOps.CONST and not isinstance(self.base.arg, Variable)
 
+  def _is_lazy_const(self) -> bool:
+    """An unrealized CONST base, a bound Variable's included (which is_unrealized_const leaves out: it has no fixed
+    value to fold), so it has no buffer to view or to force-realize."""
+    return self.base.realized is None and self.base.op is MetaOps.CONST
+
   def is_unrealized_unmasked_const(self) -> bool:
     return self.is_unrealized_const() and all(v.mask is None for v in self.st.views)
 
@@ -184,13 +189,13 @@ class LazyBuffer:
 
   def can_view(self) -> bool:
     """True when this data can be a Buffer view of its base (consecutive, and the device declares caps.buffer_views)."""
-    if not self.st.consecutive or self.is_unrealized_const():
+    if not self.st.consecutive or self._is_lazy_const():
       return False
     return Device.caps(self.device).buffer_views
 
   def contiguous(self, allow_buffer_view: bool = True) -> LazyBuffer:
     """This data in a contiguous buffer of its own shape; marks an already-contiguous base for realization."""
-    if not self.st.contiguous or self.size != self.base.size or self.is_unrealized_const():
+    if not self.st.contiguous or self.size != self.base.size or self._is_lazy_const():
       ret = self.e(MetaOps.VIEW) if allow_buffer_view and self.can_view() else self.e(MetaOps.CONTIGUOUS)
       # let later users of the base read the contiguous copy instead when the view can be undone
       inv = self.st.invert(self.base.shape) if hasattr(self.st, "invert") else None

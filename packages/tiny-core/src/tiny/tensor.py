@@ -376,9 +376,6 @@ class Tensor:
     from tiny.engine.realize import realize_lock
     with realize_lock:
       t = self.cast(self.dtype.scalar()).contiguous()
-      if t.lazydata.base.realized is None and t.lazydata.base.op is MetaOps.CONST and isinstance(t.lazydata.base.arg, Variable):
-        # a bound Variable's constant (Tensor.from_node): contiguous() leaves it lazy, so give it a kernel of its own
-        t = Tensor(t.lazydata.e(MetaOps.CONTIGUOUS), device=t.device, requires_grad=False)
       t = t.realize()
       buf = t.lazydata.base.realized
       assert buf is not None, f"{t.lazydata.base} was not realized"
