@@ -123,12 +123,20 @@ def test_conv_relu_backward() -> None:
   np.testing.assert_allclose(w.grad.numpy(), tw.grad.numpy(), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("n,max_kernels", [(10, 2), (500, 2), (1000, 3)])
+@pytest.mark.parametrize("n,max_kernels", [(10, 2), (500, 2), (1000, 2), (60000, 3)])
 def test_arange_sum(n: int, max_kernels: int) -> None:
   out = Tensor.arange(n).sum()
-  # the cumsum that builds arange is one kernel up to 512 elements and two (split in blocks) above; the sum is one more
-  assert run_counted(f"arange({n}).sum()", out) <= max_kernels   # tinygrad 0.9.1: 2
+  # arange is one kernel at any length (its cumsum of a constant folds to a count); the sum is one more, and from 32768
+  # elements on it is split in two kernels for parallelism
+  assert run_counted(f"arange({n}).sum()", out) <= max_kernels   # tinygrad 0.9.1: 2 (n=1000)
   assert out.item() == n * (n - 1) // 2
+
+
+@pytest.mark.parametrize("args", [(0, 70000, 3), (5.0, -20000.0, -0.25), (-3, 4097)])
+def test_long_arange_values(args: Tuple[float, ...]) -> None:
+  got = Tensor.arange(*args)
+  assert run_counted(f"arange{args}", got) <= 1
+  np.testing.assert_allclose(got.numpy(), np.arange(*args, dtype=np.float32 if any(isinstance(a, float) for a in args) else np.int32), rtol=1e-6)
 
 
 # ***** fusions that must not change values *****

@@ -301,7 +301,9 @@ class LazyBuffer:
     if self.is_unrealized_unmasked_const() and all_int(self.shape):
       folded = self.base.arg * prod(self.shape[i] for i in axis) if op is ReduceOps.SUM else self.base.arg
       return self.const(folded, new_shape)
-    if not SPLIT_REDUCEOP or not all_int(self.shape) or 0 in self.shape or \
+    # a (padded, windowed) constant is not split: its sum folds to a count in codegen (loop collapse), so the long
+    # reduction costs nothing and splitting it would only add a kernel (arange is such a sum)
+    if not SPLIT_REDUCEOP or not all_int(self.shape) or 0 in self.shape or self.is_unrealized_const() or \
         prod(self.shape) // prod(new_shape) < getenv("REDUCEOP_SPLIT_THRESHOLD", 32768):
       return self._reduce_op(op, axis)
     # few outputs and a long reduction: reduce a split-off factor of one axis first (as a global dim of the
