@@ -230,7 +230,7 @@ def _cheap_to_recompute(b: LazyBuffer, realizes: Dict[LazyBuffer, None], assign_
   schedule: that read of the old contents stays in a kernel of its own, ordered before the assign."""
   if b.forced_realize or not all_int(b.shape):
     return False
-  todo, seen, ops = [b], set(), 0
+  todo, seen, ops, boundaries = [b], set(), 0, []
   while todo:
     p = todo.pop()
     if p in seen:
@@ -242,11 +242,34 @@ def _cheap_to_recompute(b: LazyBuffer, realizes: Dict[LazyBuffer, None], assign_
       continue
     if p.op is MetaOps.CONST or (p is not b and p in realizes):
       continue
+    if p is not b and _stored_by_its_reduce(p):
+      # p = f(a reduce, realized inputs): the reduce needs a kernel anyway, which then stores p, and the reads recompute
+      # from there (a loss gradient computed from the forward's output and broadcast into several weight gradients)
+      boundaries.append(p)
+      continue
     ops += 1
     if not isinstance(p.op, (UnaryOps, BinaryOps, TernaryOps)) or isinstance(p.dtype, ImageDType) or ops > _RECOMPUTE_MAX_OPS:
       return False
     todo.extend(x.base for x in p.srcs)
+  realizes.update((x, None) for x in boundaries)
   return True
+
+
+def _stored_by_its_reduce(p: LazyBuffer) -> bool:
+  """p is elementwise on exactly one unrealized reduce of its own size (read contiguously), realized buffers and
+  constants, so the reduce's kernel can store p itself."""
+  if not isinstance(p.op, (UnaryOps, BinaryOps, TernaryOps)) or isinstance(p.dtype, ImageDType):
+    return False
+  reduces = 0
+  for x in p.srcs:
+    xb = x.base
+    if xb.realized is not None:
+      continue   # an assigned buffer's old contents too: p's kernel is ordered before the assign, as any reader's
+    if xb.op in ReduceOps and x.st.contiguous and xb.size == p.size:
+      reduces += 1
+    elif xb.op is not MetaOps.CONST:
+      return False
+  return reduces == 1
 
 
 def _is_padding_okay(buf: LazyBuffer, realizes: Dict[LazyBuffer, None]) -> bool:
