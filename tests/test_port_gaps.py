@@ -279,6 +279,32 @@ def test_interpolate_1d_3d_and_grad(mode, align):
   _same(x.grad, xr.grad, atol=1e-4)
 
 
+@pytest.mark.parametrize("mode,align", [("linear", False), ("linear", True), ("nearest", False), ("nearest-exact", False)])
+@pytest.mark.parametrize("factor", [2, 0.5, 1.7, (1.5, 0.6), (3, 1)])
+@pytest.mark.parametrize("recompute", [False, True])
+def test_interpolate_scale_factor(mode, align, factor, recompute):
+  img = np.random.default_rng(6).standard_normal((2, 3, 5, 7)).astype(np.float32)
+  kw = {"align_corners": align} if mode == "linear" else {}
+  want = F.interpolate(torch.tensor(img), scale_factor=factor, mode="bilinear" if mode == "linear" else mode,
+                       recompute_scale_factor=recompute, **kw)
+  got = Tensor(img).interpolate(scale_factor=factor, mode=mode, align_corners=align, recompute_scale_factor=recompute)
+  assert got.shape == tuple(want.shape)
+  _same(got, want)
+
+
+def test_interpolate_int_size_and_bad_arguments():
+  img = np.random.default_rng(7).standard_normal((1, 2, 4, 6)).astype(np.float32)
+  _same(Tensor(img).interpolate(5, mode="nearest"), F.interpolate(torch.tensor(img), size=5, mode="nearest"))
+  with pytest.raises(ValueError, match="exactly one"):
+    Tensor(img).interpolate((5, 5), scale_factor=2)
+  with pytest.raises(ValueError, match="exactly one"):
+    Tensor(img).interpolate()
+  with pytest.raises(ValueError, match="scale_factor"):
+    Tensor(img).interpolate(scale_factor=-1.0)
+  with pytest.raises(ShapeError, match="empty size"):
+    Tensor(img).interpolate(scale_factor=0.1)
+
+
 @pytest.mark.parametrize("k,s,p", [(k, s, p) for k, s, p in itertools.product([2, 3], [1, 2, 3], [0, 1]) if p <= k // 2])
 @pytest.mark.parametrize("ceil_mode", [False, True])
 @pytest.mark.parametrize("count_include_pad", [False, True])

@@ -1261,24 +1261,40 @@ class Tensor:
     sl = (slice(None),) * dim + (slice(0, k),)
     return values[sl], indices[sl]
 
-  def interpolate(self, size: Tuple[int, ...], mode: str = "linear", align_corners: bool = False) -> Tensor:
-    """Resize the last len(size) dims to size, like torch.nn.functional.interpolate with size= (linear is applied per dim,
-    so it is also torch's bilinear/trilinear; modes 'linear' (aliases 'bilinear', 'trilinear'), 'nearest', 'nearest-exact').
-    The source positions and weights are computed on the host in float32, the way torch computes them."""
+  def interpolate(self, size: Optional[Union[int, Tuple[int, ...]]] = None, mode: str = "linear", align_corners: bool = False,
+                  scale_factor: Optional[Union[float, Tuple[float, ...]]] = None, recompute_scale_factor: bool = False) -> Tensor:
+    """Resize the last dims like torch.nn.functional.interpolate: to `size`, or by `scale_factor` (the output size is
+    floor(in * factor), and the source positions use 1/factor unless recompute_scale_factor, as torch does). Linear is
+    applied per dim, so it is also torch's bilinear/trilinear; modes 'linear' (aliases 'bilinear', 'trilinear'),
+    'nearest', 'nearest-exact'. Source positions and weights are computed on the host in float32, the way torch does."""
     if mode in ("bilinear", "trilinear"):
       mode = "linear"
     if mode not in ("linear", "nearest", "nearest-exact"):
       raise ValueError(f"interpolate mode must be 'linear', 'nearest' or 'nearest-exact', got {mode!r}")
     if align_corners and mode != "linear":
       raise ValueError("align_corners only applies to mode='linear'")
-    size = tuple(size)
-    if not 0 < len(size) <= self.ndim or any(not isinstance(s, int) or s <= 0 for s in size):
-      raise ShapeError(f"interpolate size {size} must be positive ints for at most the {self.ndim} dims of {self.shape}")
+    if (size is None) == (scale_factor is None):
+      raise ValueError("interpolate needs exactly one of size and scale_factor")
+    factors: Tuple[Optional[float], ...]
+    if scale_factor is not None:
+      sf = tuple(scale_factor) if isinstance(scale_factor, (tuple, list)) else (scale_factor,) * max(self.ndim - 2, 1)
+      if not 0 < len(sf) <= self.ndim or any(isinstance(f, bool) or not isinstance(f, (int, float)) or not f > 0 for f in sf):
+        raise ValueError(f"interpolate scale_factor {scale_factor} must be positive numbers for at most the {self.ndim} dims of {self.shape}")
+      sizes: Tuple[int, ...] = tuple(math.floor(cast(int, s) * f) for s, f in zip(self.shape[self.ndim - len(sf):], sf))
+      if any(m <= 0 for m in sizes):
+        raise ShapeError(f"interpolate scale_factor {scale_factor} of shape {self.shape} gives the empty size {sizes}")
+      factors = (None,) * len(sf) if recompute_scale_factor else tuple(float(f) for f in sf)
+    else:
+      sizes = tuple(size) if isinstance(size, (tuple, list)) else (cast(int, size),) * max(self.ndim - 2, 1)
+      factors = (None,) * len(sizes)
+    if not 0 < len(sizes) <= self.ndim or any(isinstance(s, bool) or not isinstance(s, int) or s <= 0 for s in sizes):
+      raise ShapeError(f"interpolate size {sizes} must be positive ints for at most the {self.ndim} dims of {self.shape}")
     x = self if dtypes.is_float(self.dtype) else self.cast(dtypes.default_float)
-    for d, m in zip(range(self.ndim - len(size), self.ndim), size):
+    for d, m, f in zip(range(self.ndim - len(sizes), self.ndim), sizes, factors):
       n = cast(int, self.shape[d])
       t = np.arange(m, dtype=np.float32)
-      scale = np.float32(n) / np.float32(m)
+      # torch's scale: the inverse of a given factor, else in/out, both in float32
+      scale = np.float32(1.0 / f) if f is not None else np.float32(n) / np.float32(m)
       pre = (slice(None),) * d
       if mode == "nearest":
         x = x[pre + (np.minimum(np.floor(t * scale).astype(np.int64), n - 1),)]
