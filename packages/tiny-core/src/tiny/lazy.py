@@ -7,7 +7,7 @@ the same node (and the scheduler computes it once).
 """
 from __future__ import annotations
 
-from typing import Any, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 from weakref import ReferenceType, WeakValueDictionary, ref
 
 from tiny.device import Buffer
@@ -176,7 +176,8 @@ class LazyBuffer:
     if not isinstance(val, (int, float, bool, Variable)):
       raise TypeError(f"const value must be a bool, int, float or Variable, got {type(val).__name__}")
     shape = self.shape if shape is None else shape
-    return LazyBuffer.metaop(MetaOps.CONST, (), self.dtype, self.device, arg=val).reshape((1,) * len(shape)).expand(shape)
+    base = create_lazybuffer(self.device, _SCALAR_ST, self.dtype, MetaOps.CONST, val, enable_cache=False)
+    return base._view(_broadcast_st(tuple(shape))) if shape else base
 
   def assign(self, x: LazyBuffer) -> LazyBuffer:
     """Write x into this (realized) buffer; the result aliases it."""
@@ -349,6 +350,20 @@ class LazyBuffer:
 
   def stride(self, arg: Tuple[int, ...]) -> LazyBuffer:
     return self._view(self.st.stride(arg))
+
+
+_SCALAR_ST = ShapeTracker.from_shape(())
+_broadcast_sts: Dict[Tuple[sint, ...], ShapeTracker] = {}
+
+
+def _broadcast_st(shape: Tuple[sint, ...]) -> ShapeTracker:
+  """The tracker of a scalar broadcast to shape (what reshape to all ones and expand give, kept per shape: constants
+  are made for almost every op, and building it took two tracker ops and a LazyBuffer each time)."""
+  if (st := _broadcast_sts.get(shape)) is None:
+    if len(_broadcast_sts) >= 4096:
+      _broadcast_sts.clear()
+    st = _broadcast_sts[shape] = _SCALAR_ST.reshape((1,) * len(shape)).expand(shape)
+  return st
 
 
 def _reduced_shape(shape: Tuple[sint, ...], axis: Tuple[int, ...]) -> Tuple[sint, ...]:

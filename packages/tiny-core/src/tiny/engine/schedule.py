@@ -514,11 +514,37 @@ def _flat_item(outs: Sequence[LazyBuffer], seen: Set[LazyBuffer]) -> Optional[_P
   out = outs[0].base
   if out.realized is not None or out in seen or not isinstance(out.op, (UnaryOps, BinaryOps, TernaryOps, ReduceOps)):
     return None
-  for x in out.srcs:
+  key: List[Any] = [out.op, out.arg, out.dtype, out.st]
+  firsts: Dict[LazyBuffer, int] = {}
+  for i, x in enumerate(out.srcs):
     b = x.base
-    if b.realized is None and b.op is not MetaOps.CONST:
+    if b.realized is not None:
+      # which source first read this buffer: x * x loads one buffer, x * y two
+      key.append((firsts.setdefault(b, i), b.dtype, x.st))
+    elif b.op is MetaOps.CONST:
+      key.append((("f", repr(b.arg)) if isinstance(b.arg, float) else b.arg, b.dtype, x.st))
+    else:
       return None
-  return _lower_group([out], {out: None}, {out: out} if out.op in ReduceOps else {})
+  try:
+    hit = _flat_asts.get(tkey := tuple(key))
+  except TypeError:   # an unhashable arg
+    hit, tkey = None, None
+  if hit is not None:
+    ast, srcs = hit
+    inputs = tuple(dedup(out.srcs[i].base for i in srcs))
+    metadata = dedup([m for m in [out.metadata] + [x.base.metadata for x in out.srcs if x.base.realized is None] if m is not None])
+    return _PreItem(ast, (out,), inputs, {}, metadata)
+  ret = _lower_group([out], {out: None}, {out: out} if out.op in ReduceOps else {})
+  if tkey is not None and not ret.var_vals:
+    if len(_flat_asts) >= _AST_NODES_MAX:
+      _flat_asts.clear()
+    _flat_asts[tkey] = (ret.ast, tuple(firsts[b] for b in ret.inputs))
+  return ret
+
+
+# the AST of an eager op, by the op, its output tracker and its sources' trackers, dtypes and constants (never symbolic):
+# repeating an op on new buffers of the same layout skips building the AST again
+_flat_asts: Dict[Tuple[Any, ...], Tuple[LazyOp, Tuple[int, ...]]] = {}
 
 
 def _schedule(outs: Sequence[LazyBuffer], seen: Set[LazyBuffer]) -> Tuple[List[ScheduleItem], Dict[Variable, int]]:

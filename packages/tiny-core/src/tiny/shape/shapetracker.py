@@ -27,6 +27,9 @@ def _expr_view(view: View, idxs: List[Node], valid: Optional[Node] = None) -> Tu
   return Node.sum(iexpr), Node.ands(vexpr)
 
 
+_from_shape_cache: Dict[Tuple[sint, ...], "ShapeTracker"] = {}
+
+
 @dataclass(frozen=True)
 class ShapeTracker:
   """Views applied last-to-first: the last view gives the shape; each earlier one reinterprets the flat index of the next."""
@@ -61,8 +64,14 @@ class ShapeTracker:
 
   @staticmethod
   def from_shape(shape: Tuple[sint, ...]) -> ShapeTracker:
-    """A contiguous tracker of shape."""
-    return ShapeTracker((View.create(tuple(shape)),))
+    """A contiguous tracker of shape (one shared instance per shape: trackers are immutable, and a shared one keeps its
+    cached hash, which every LazyBuffer and kernel cache lookup of that shape reuses)."""
+    shape = tuple(shape)
+    if (ret := _from_shape_cache.get(shape)) is None:
+      if len(_from_shape_cache) >= 4096:
+        _from_shape_cache.clear()
+      ret = _from_shape_cache[shape] = ShapeTracker((View.create(shape),))
+    return ret
 
   @property
   def contiguous(self) -> bool:
