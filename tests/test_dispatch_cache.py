@@ -214,3 +214,39 @@ def test_clang_direct_link_matches_driver_link(monkeypatch: pytest.MonkeyPatch) 
     prg = ClangProgram(src.name, lib)
     prg(out.lazydata.buffer._buf, x.lazydata.buffer._buf)
     np.testing.assert_allclose(out.numpy(), np.sqrt(np.abs(a) * 3 + 0.5), rtol=1e-6, err_msg=f"direct link {direct}")
+
+
+def test_eager_ast_cache_keeps_sources_apart(device: str) -> None:
+  # one cached AST per layout: x * x loads one buffer, x * y two, and a swapped or repeated source must not reuse either
+  a, b = _data((5, 6), 20), _data((5, 6), 21)
+  x, y = Tensor(a, device=device).realize(), Tensor(b, device=device).realize()
+  for got, want in (((x * y), a * b), ((x * x), a * a), ((y * x), b * a), ((y * y), b * b), ((x - y), a - b), ((y - x), b - a),
+                    ((x.T * y.T), (a * b).T), ((x * 2.5), a * np.float32(2.5)), ((x * -2.5), a * np.float32(-2.5))):
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-6)
+
+
+# graphs of elementwise ops on realized inputs take the one-kernel shortcut; the rest must be scheduled as the full analysis
+# does: an intermediate that is expanded, padded, reduced or forced contiguous changes what gets its own kernel
+CHAINS = {
+  "exp": (lambda x, y: x.exp(), lambda a, b: np.exp(a)),
+  "shared intermediate": (lambda x, y: (t := x * 2 + 1) * t.relu() - t, lambda a, b: (t := a * 2 + 1) * np.maximum(t, 0) - t),
+  "permuted intermediate": (lambda x, y: (x + y).T.sigmoid() * 3, lambda a, b: 3 / (1 + np.exp(-(a + b).T))),
+  "expanded intermediate": (lambda x, y: (x[:, :1] * 2 + 1).expand(5, 6) * y, lambda a, b: (a[:, :1] * 2 + 1) * b),
+  "padded intermediate": (lambda x, y: (x + 1).pad(((1, 1), (0, 0))).exp(), lambda a, b: np.exp(np.pad(a + 1, ((1, 1), (0, 0))))),
+  "reduced intermediate": (lambda x, y: (x * y).sum(1, keepdim=True) + x, lambda a, b: (a * b).sum(1, keepdims=True) + a),
+  "forced intermediate": (lambda x, y: (x * 2).contiguous() + y, lambda a, b: a * 2 + b),
+}
+
+
+@pytest.mark.parametrize("name", list(CHAINS))
+def test_elementwise_shortcut_schedules_as_the_full_analysis(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+  from tiny.engine import schedule
+  f, ref = CHAINS[name]
+  a, b = _data((5, 6), 22) / 4, _data((5, 6), 23) / 4
+  x, y = Tensor(a).realize(), Tensor(b).realize()
+  fast = f(x, y).schedule()
+  with monkeypatch.context() as m:
+    m.setattr(schedule, "_fused_chain", lambda out: None)
+    full = f(x, y).schedule()
+  assert [si.ast for si in fast] == [si.ast for si in full]
+  np.testing.assert_allclose(f(x, y).numpy(), ref(a, b), rtol=1e-5, atol=1e-6)

@@ -524,7 +524,7 @@ def _flat_item(outs: Sequence[LazyBuffer], seen: Set[LazyBuffer]) -> Optional[_P
     elif b.op is MetaOps.CONST:
       key.append((("f", repr(b.arg)) if isinstance(b.arg, float) else b.arg, b.dtype, x.st))
     else:
-      return None
+      return _fused_chain(out)
   try:
     hit = _flat_asts.get(tkey := tuple(key))
   except TypeError:   # an unhashable arg
@@ -540,6 +540,29 @@ def _flat_item(outs: Sequence[LazyBuffer], seen: Set[LazyBuffer]) -> Optional[_P
       _flat_asts.clear()
     _flat_asts[tkey] = (ret.ast, tuple(firsts[b] for b in ret.inputs))
   return ret
+
+
+def _fused_chain(out: LazyBuffer) -> Optional[_PreItem]:
+  """The one kernel of a chain of elementwise ops on realized buffers and constants (x.exp(), (x * 2 + 1).relu()), or
+  None. The full analysis could only decide the same there: no reduce below the output, no intermediate forced to
+  realize, and every intermediate read whole (no pad to check for safety, no expand to weigh recomputing against a
+  kernel), so nothing but the output is realized."""
+  todo, visited = list(out.srcs), {out}
+  while todo:
+    x = todo.pop()
+    b = x.base
+    if b.realized is not None or b.op is MetaOps.CONST:
+      continue
+    # every read is checked, also a second one of a visited node
+    if x is not b and (x.size != b.size or any(v.mask is not None for v in x.st.views)):
+      return None
+    if b in visited:
+      continue
+    if not isinstance(b.op, (UnaryOps, BinaryOps, TernaryOps)) or b.forced_realize or b.device != out.device or isinstance(b.dtype, ImageDType):
+      return None
+    visited.add(b)
+    todo.extend(b.srcs)
+  return _lower_group([out], {out: None}, {out: out} if out.op in ReduceOps else {})
 
 
 # the AST of an eager op, by the op, its output tracker and its sources' trackers, dtypes and constants (never symbolic):
