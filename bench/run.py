@@ -486,16 +486,25 @@ def fmt(v: float) -> str:
   return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.2f}" if abs(v) >= 1 else f"{v:.3g}"
 
 
-def to_markdown(results: List[Result]) -> str:
-  """One row per benchmark and tiny device; a column per peer with the tiny/peer ratio (above 1: tiny is faster)."""
+def of_limit(r: Result, limits: Any) -> str:
+  """tiny's figure as a fraction of the machine's limit for its unit (FMA peak for GFLOP/s, stream bandwidth for GB/s)."""
+  if limits is None or r.value != r.value:
+    return "–"
+  limit = {"GFLOP/s": limits.peak_gflops, "GB/s": limits.stream_gbs}.get(r.unit)
+  return "–" if limit is None else f"{r.value / limit:.0%}"
+
+
+def to_markdown(results: List[Result], limits: Any = None) -> str:
+  """One row per benchmark and tiny device; tiny as a fraction of the machine's limit (bench/limits.py) for throughput
+  rows, and a column per peer with the tiny/peer ratio (above 1: tiny is faster)."""
   peers = [p for p in ("numpy", "torch", "tinygrad") if any(r.framework == p for r in results)]
-  head = "| benchmark | unit | device | tiny | tiny peak MB | " + " | ".join(f"{p} | tiny/{p}" for p in peers) + " | peer peak MB |"
-  lines = [head, "|---|---|---|---|---|" + "---|---|" * len(peers) + "---|"]
+  head = "| benchmark | unit | device | tiny | of limit | tiny peak MB | " + " | ".join(f"{p} | tiny/{p}" for p in peers) + " | peer peak MB |"
+  lines = [head, "|---|---|---|---|---|---|" + "---|---|" * len(peers) + "---|"]
   for r in results:
     if r.framework != "tiny":
       continue
     tiny_cell = (f"{fmt(r.value)}" + (" (note)" if r.extra.get("deviation") else "")) if r.value == r.value else f"failed: {r.note}"
-    cells = [r.bench, r.unit, r.device, tiny_cell, "–" if r.peak_mem_mb is None else f"{r.peak_mem_mb:,.1f}"]
+    cells = [r.bench, r.unit, r.device, tiny_cell, of_limit(r, limits), "–" if r.peak_mem_mb is None else f"{r.peak_mem_mb:,.1f}"]
     peer_mem = []
     for p in peers:
       peer = next((x for x in results if x.bench == r.bench and x.framework == p), None)
@@ -572,16 +581,26 @@ def main() -> None:
   ap.add_argument("--first-call-repeat", type=int, default=3, help="fresh processes per first-call benchmark (median reported)")
   ap.add_argument("--json", default=None, help="append JSON lines here")
   ap.add_argument("--write", action="store_true", help="write bench/RESULTS.md")
+  ap.add_argument("--no-limits", action="store_true", help="skip measuring the machine's FMA peak and stream bandwidth")
   args = ap.parse_args()
-  sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/models
+  sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/models, bench/limits.py
+  import limits
   if args.devices is None:
     args.devices = tiny_devices()
   load_before = os.getloadavg()
   t0 = time.perf_counter()
+  # the limits first, on a machine not yet warm from the suite (measured again at the end: the larger pair is kept)
+  lim = None if args.no_limits else limits.measure()
   results = run(args)
+  if lim is not None:
+    limits.measure.cache_clear()
+    if (again := limits.measure()) is not None:
+      lim = limits.Limits(max(lim.peak_gflops, again.peak_gflops), max(lim.stream_gbs, again.stream_gbs), lim.threads, lim.vector_bytes)
   elapsed = time.perf_counter() - t0
-  table = to_markdown(results)
+  table = to_markdown(results, lim)
   load = f"load average {load_before[0]:.1f} at start, {os.getloadavg()[0]:.1f} at end ({elapsed / 60:.1f} min)"
+  if lim is not None:
+    load += f"\n\nLimits of this machine: {lim.describe()}"
   print(machine_line())
   print(load)
   print(table)
