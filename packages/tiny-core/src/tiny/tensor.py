@@ -2832,7 +2832,9 @@ if TRACEMETA >= 1:
   _SKIP_META = {"__init__", "__repr__", "backward", "__getattr__", "__hash__", "__bool__", "__len__", "__iter__", "_deepwalk", "numpy",
                 "item", "tolist", "data", "_data", "realize", "schedule", "schedule_with_vars", "_resolve_dim"}
   for _name, _fn in inspect.getmembers(Tensor, inspect.isfunction):
-    if _name in _SKIP_META:
+    # private helpers (_broadcasted, _reduce, ...) run inside a public method that already named the op: a wrapper there
+    # would only add a call to every op
+    if _name in _SKIP_META or (_name.startswith("_") and not _name.startswith("__")):
       continue
     _static = isinstance(inspect.getattr_static(Tensor, _name), staticmethod)
     setattr(Tensor, _name, staticmethod(_metadata_wrapper(_fn)) if _static else _metadata_wrapper(_fn))
