@@ -207,6 +207,10 @@ class UOp:
   def __repr__(self) -> str:
     return pretty_uop(self)
 
+  def __getstate__(self) -> Dict[str, Any]:
+    # the rewrite memos (`_fix`, `_sfix`) hold rule functions, which need not pickle; they are only shortcuts
+    return {k: v for k, v in self.__dict__.items() if k not in ("_fix", "_sfix")}
+
   # *** value ranges, for folding ***
 
   @functools.cached_property
@@ -435,14 +439,36 @@ def _quick_check(u: UOp, pat: UPat) -> bool:
   return len(psrc) == 2 and u.commutative() and _src_ops_ok((u.src[1], u.src[0]), psrc)
 
 
+def _ops_may_match(u: UOp, pat: UPat) -> bool:
+  """The part of _quick_check that looks only at the ops of u and of its direct sources (and whether u commutes), so
+  its answer can be cached per (op, arg, source ops) of u."""
+  psrc = pat.src
+  if psrc is None or isinstance(psrc, list):
+    return True
+  if isinstance(psrc, UPat):
+    return psrc.op is None or all(s.op in psrc.op for s in u.src)
+  if len(u.src) != len(psrc) and not (pat.allow_any_len and len(u.src) >= len(psrc)):
+    return False
+  if all(p.op is None or s.op in p.op for s, p in zip(u.src, psrc)):
+    return True
+  return len(psrc) == 2 and u.commutative() and all(p.op is None or s.op in p.op for s, p in zip((u.src[1], u.src[0]), psrc))
+
+
+Rule = Tuple[UPat, Callable[..., Optional[UOp]]]
+
+
 class PatternMatcher:
   """An ordered list of (UPat, fxn) rules; fxn(**bound_names) returns a replacement uop or None.
 
   Rules are indexed by op (and by ALU arg when the pattern names one), so each uop is only tried against
-  the rules that could match it; among those, the first rule (in list order) that returns a uop wins."""
+  the rules that could match it; among those, the first rule (in list order) that returns a uop wins.
+  A rule must be a pure function of the uops it matched: graph_rewrite never tries a rule again on a uop it already
+  left unchanged (see `graph_rewrite`)."""
 
-  def __init__(self, patterns: List[Tuple[UPat, Callable[..., Optional[UOp]]]]) -> None:
+  def __init__(self, patterns: List[Rule]) -> None:
     self.patterns = list(patterns)
+    # the rules as one object: graph_rewrite marks the uops that are fixpoints of all of them with it
+    self.rules: Tuple[Rule, ...] = tuple(self.patterns)
     self._by_key: Dict[Any, List[Tuple[int, UPat, Callable[..., Optional[UOp]]]]] = {}
     for i, (p, fxn) in enumerate(self.patterns):
       if p.op is None:
@@ -450,24 +476,42 @@ class PatternMatcher:
       for o in p.op:
         key = (o, p.arg) if o is UOps.ALU and p.arg is not None else (o, None)
         self._by_key.setdefault(key, []).append((i, p, fxn))
-    self._cands: Dict[Any, List[Tuple[UPat, Callable[..., Optional[UOp]]]]] = {}
+    self._cands: Dict[Any, List[Rule]] = {}
+    # rule sets of earlier passes -> this matcher's candidates minus those rules (see rewrite's `known`); the rule set is
+    # held in the value, so its id cannot be reused while it is a key
+    self._beyond: Dict[int, Tuple[Tuple[Rule, ...], Dict[Any, List[Rule]]]] = {}
 
   def __add__(self, other: PatternMatcher) -> PatternMatcher:
     return PatternMatcher(self.patterns + other.patterns)
 
-  def _candidates(self, u: UOp) -> List[Tuple[UPat, Callable[..., Optional[UOp]]]]:
-    # an ALU is keyed by its arg, an enum member: by id, which hashes in C (and never equals a UOps key)
-    key = (id(u.arg) if isinstance(u.arg, Enum) else (u.op, u.arg)) if u.op is UOps.ALU else u.op
-    if (ret := self._cands.get(key)) is None:
+  @staticmethod
+  def _key(u: UOp) -> Any:
+    # an ALU is keyed by its arg, an enum member: by id, which hashes in C (and never equals a UOps key). The ops of the
+    # sources are part of the key: the candidates are only the rules whose pattern fits them (see _ops_may_match)
+    return ((id(u.arg) if isinstance(u.arg, Enum) else (u.op, u.arg)) if u.op is UOps.ALU else u.op, tuple([s.op for s in u.src]))
+
+  def _candidates(self, u: UOp, key: Any = None) -> List[Rule]:
+    if (ret := self._cands.get(key := self._key(u) if key is None else key)) is None:
       found = self._by_key.get((u.op, None), []) + (self._by_key.get((u.op, u.arg), []) if u.op is UOps.ALU else [])
-      ret = self._cands[key] = [(p, f) for _, p, f in sorted(found, key=lambda x: x[0])]
+      ret = self._cands[key] = [(p, f) for _, p, f in sorted(found, key=lambda x: x[0]) if _ops_may_match(u, p)]
     return ret
 
-  def rewrite(self, u: UOp) -> Optional[UOp]:
-    """The first replacement a rule gives for u (not recursive), or None."""
-    for p, fxn in self._candidates(u):
-      if not _quick_check(u, p):
-        continue
+  def _candidates_beyond(self, u: UOp, known: Tuple[Rule, ...]) -> List[Rule]:
+    """The candidates for u that are not rules of `known` (u is a fixpoint of those)."""
+    ent = self._beyond.get(id(known))
+    if ent is None or ent[0] is not known:
+      if len(self._beyond) >= 16:   # a long-lived matcher sees a new rule set per kernel: start over now and then
+        self._beyond.clear()
+      ent = self._beyond[id(known)] = (known, {})
+    if (ret := ent[1].get(key := self._key(u))) is None:
+      tried = {(id(p), id(f)) for p, f in known}
+      ret = ent[1][key] = [(p, f) for p, f in self._candidates(u, key) if (id(p), id(f)) not in tried]
+    return ret
+
+  def rewrite(self, u: UOp, known: Optional[Tuple[Rule, ...]] = None) -> Optional[UOp]:
+    """The first replacement a rule gives for u (not recursive), or None. `known`: rules u is known to be a fixpoint
+    of (they gave None for this very uop before), which are not tried again."""
+    for p, fxn in (self._candidates(u) if known is None else self._candidates_beyond(u, known)):
       for store in _match(u, p, {}):
         if (ret := fxn(**store)) is not None:
           return ret
@@ -475,7 +519,14 @@ class PatternMatcher:
 
 
 def graph_rewrite(sink: UOp, pm: PatternMatcher) -> UOp:
-  """Rewrite bottom-up with pm until no rule applies anywhere; structurally identical nodes become one uop."""
+  """Rewrite bottom-up with pm until no rule applies anywhere; structurally identical nodes become one uop.
+
+  A uop left unchanged is a fixpoint of every rule of pm; it remembers that (`_fix`), so a later pass over the same
+  uop skips the rules it shares with this one: the passes of a kernel re-run the symbolic rules over graphs that mostly
+  came through the previous pass untouched."""
+  rules = pm.rules
+  if (whole := sink.__dict__.get("_sfix")) is not None and (whole is rules or _is_subset(rules, whole)):
+    return sink   # the output of a pass with these rules and more: nothing to do, and nothing left to merge
   canon: Dict[Any, UOp] = {}
   done: Dict[UOp, UOp] = {}
 
@@ -498,16 +549,25 @@ def graph_rewrite(sink: UOp, pm: PatternMatcher) -> UOp:
       done[n] = c
       return c
     nn = n if new_src == n.src else UOp(n.op, n.dtype, new_src, n.arg)
-    if (rep := pm.rewrite(nn)) is not None:
+    known = nn.__dict__.get("_fix")
+    if (rep := None if known is rules else pm.rewrite(nn, known)) is not None:
       ret = rw(rep)
     else:
       ret = nn
+      nn.__dict__["_fix"] = rules
       if key is not None:
         canon[key] = nn
       done[nn] = nn
     done[n] = ret
     return ret
-  return rw(sink)
+  ret = rw(sink)
+  ret.__dict__["_sfix"] = rules   # every uop under it is a fixpoint of rules, and no two of them are alike
+  return ret
+
+
+def _is_subset(rules: Tuple[Rule, ...], of: Tuple[Rule, ...]) -> bool:
+  have = {(id(p), id(f)) for p, f in of}
+  return all((id(p), id(f)) in have for p, f in rules)
 
 
 def graph_substitute(sink: UOp, replace: Dict[UOp, UOp]) -> UOp:
