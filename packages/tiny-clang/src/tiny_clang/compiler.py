@@ -5,12 +5,14 @@ import functools
 import hashlib
 import os
 import platform
+import re
 import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
-from typing import Any, List, Optional, Tuple
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple, cast
 
 from tiny.backend import CompileError, Compiler
 
@@ -95,17 +97,104 @@ def direct_linker(cc: str) -> Optional[str]:
   return shutil.which(name) if name else None
 
 
-def _link_shared(ld: str, obj: bytes) -> Optional[bytes]:
-  """obj linked into a shared object by ld (against libm and libc, like the driver does); None when ld fails."""
-  fd = os.memfd_create("tiny_clang_obj")
+def _link_fd(ld: str, fd: int, extra: Sequence[str] = (), pass_fds: Tuple[int, ...] = ()) -> Optional[bytes]:
+  """The object in memfd `fd` linked into a shared object by ld; None when ld fails. `extra` goes before the object.
+
+  An object that references nothing outside itself (most kernels) is linked alone: reading the symbol tables of libc and
+  libm is most of ld's time, and they would add nothing but two DT_NEEDED entries. An object that calls into them (memset,
+  expf, ...) is linked against libm and libc, like the driver does."""
+  cmd = [ld, "-shared", *extra, f"/proc/self/fd/{fd}"]
   try:
-    os.write(fd, obj)
-    proc = _run_to_bytes([ld, "-shared", f"/proc/self/fd/{fd}", "-lm", "-lc", "-o"], "", pass_fds=(fd,))
+    proc = _run_to_bytes(cmd + ["-z", "defs", "-o"], "", pass_fds=(fd,) + tuple(pass_fds))
+    if proc.returncode != 0 or not proc.stdout:
+      proc = _run_to_bytes(cmd + ["-lm", "-lc", "-o"], "", pass_fds=(fd,) + tuple(pass_fds))
   except OSError:
     return None
+  return proc.stdout if proc.returncode == 0 and proc.stdout else None
+
+
+def _memfd_with(name: str, data: bytes) -> int:
+  fd = os.memfd_create(name)
+  os.write(fd, data)
+  return fd
+
+
+def _link_shared(ld: str, obj: bytes) -> Optional[bytes]:
+  """obj linked into a shared object by ld (see _link_fd); None when ld fails."""
+  fd = _memfd_with("tiny_clang_obj", obj)
+  try:
+    return _link_fd(ld, fd)
   finally:
     os.close(fd)
-  return proc.stdout if proc.returncode == 0 and proc.stdout else None
+
+
+# *** many kernels in one compiler process ***
+
+_DIRECTIVE = re.compile(r"#\s*(\w+)\s*(\w*)")
+_TYPEDEF = re.compile(r"typedef\s+[^;()]*?\b([A-Za-z_]\w*)\s*(?:__attribute__\s*\(\(.*\)\))?\s*;\s*$")
+_FUNCTION = re.compile(r"(static\s+)?[A-Za-z_][\w\s*]*?\b([A-Za-z_]\w*)\s*\(.*\)\s*\{")
+_VARIABLE = re.compile(r"(static\s+)?[A-Za-z_][\w\s*]*?\b([A-Za-z_]\w*)\s*(?:\[[^\]]*\]\s*)*(?:=.*)?;\s*$")
+# preprocessor lines a kernel may hold at file scope; anything else (#include, #line, ...) keeps the source out of a batch
+_PASSIVE_DIRECTIVES = {"if", "ifdef", "ifndef", "elif", "else", "endif", "pragma", "error", "warning", "undef"}
+
+
+@dataclass(frozen=True)
+class FileScope:
+  """The names a C source defines at file scope: `names` (every one, to rename), `exported` (the non-static functions
+  and variables a runtime looks up) and `macros` (#defines, undone after the source)."""
+
+  names: Tuple[str, ...]
+  exported: Tuple[str, ...]
+  macros: Tuple[str, ...]
+
+
+def file_scope(src: str) -> Optional[FileScope]:
+  """The file-scope definitions of src, or None when src holds a form this reader does not know for sure.
+
+  It reads the layout renderers emit: one definition per line at column 0, bodies indented or closed by a line starting
+  with `}`. None only means "compile it alone": a batch never has to understand every source."""
+  names: Dict[str, None] = {}
+  exported: Dict[str, None] = {}
+  macros: Dict[str, None] = {}
+  for line in src.splitlines():
+    if not line or line[0] in " \t}":
+      continue
+    if line[0] == "#":
+      if (d := _DIRECTIVE.match(line)) is None:
+        return None
+      if d.group(1) == "define" and d.group(2):
+        macros[d.group(2)] = None
+      elif d.group(1) not in _PASSIVE_DIRECTIVES:
+        return None
+    elif line.startswith("typedef"):
+      if (m := _TYPEDEF.match(line)) is None:
+        return None
+      names[m.group(1)] = None
+    elif (m := _FUNCTION.match(line) or _VARIABLE.match(line)) is not None:
+      names[m.group(2)] = None
+      if m.group(1) is None:
+        exported[m.group(2)] = None
+    else:
+      return None
+  if not exported or set(macros) & set(names):
+    return None
+  return FileScope(tuple(names), tuple(exported), tuple(macros))
+
+
+def batch_prefix(i: int) -> str:
+  """What source i of a batch has in front of each of its file-scope names inside the batch's translation unit."""
+  return f"tiny_b{i}_"
+
+
+def batch_source(srcs: Sequence[str], scopes: Sequence[FileScope]) -> str:
+  """One translation unit holding every source, each one's file-scope names renamed (a macro per name around it), so
+  equal kernel or helper names in two sources never meet. Macros a source defines are undone after it."""
+  out: List[str] = []
+  for i, (src, scope) in enumerate(zip(srcs, scopes)):
+    out += [f"#define {n} {batch_prefix(i)}{n}" for n in scope.names]
+    out.append(src)
+    out += [f"#undef {n}" for n in scope.names + scope.macros]
+  return "\n".join(out) + "\n"
 
 
 class ClangCompiler(Compiler):
@@ -152,6 +241,66 @@ class ClangCompiler(Compiler):
     if proc.returncode != 0:
       raise CompileError(f"{' '.join(self.cc)} failed (exit {proc.returncode}):\n{proc.stderr.decode(errors='replace').strip()}", src)
     return proc.stdout
+
+  # the engine hands over at most this many sources at once: 8 already spread the compiler's start over enough kernels,
+  # while every kernel's link reads the whole batch object and the last batches of a first call are waited for
+  max_batch = 8
+
+  def compile_many(self, srcs: Sequence[str]) -> List[Optional[bytes]]:
+    """Shared objects of many sources from ONE compiler process, the same code compile() gives each of them.
+
+    Starting clang costs about as much as compiling a small kernel, so the sources become one translation unit (each
+    one's file-scope names renamed, see batch_source), compiled with a section per function, and the linker cuts one
+    shared object per source out of it: only that source's sections, its exported names aliased back to the originals.
+    A source the batch cannot take (see file_scope), a batch that fails, or a link that fails goes through compile()
+    alone; None marks a source that does not compile at all (compile() raises its error). A subclass or a patch that
+    replaces compile() is honoured: then every source goes through it."""
+    if self.ld is None or len(srcs) < 2 or type(self).compile is not _CLANG_COMPILE:
+      return super().compile_many(srcs)
+    scopes = [file_scope(s) for s in srcs]
+    todo = [i for i, sc in enumerate(scopes) if sc is not None]
+    libs: List[Optional[bytes]] = [None] * len(srcs)
+    for start in range(0, len(todo), self.max_batch):
+      part = todo[start:start + self.max_batch]
+      if len(part) < 2:
+        continue
+      got = self._compile_batch([srcs[i] for i in part], [cast(FileScope, scopes[i]) for i in part])
+      for i, lib in zip(part, got):
+        libs[i] = lib
+    for i, src in enumerate(srcs):
+      if libs[i] is None:
+        libs[i] = super().compile_many([src])[0]
+    return libs
+
+  def _compile_batch(self, srcs: Sequence[str], scopes: Sequence[FileScope]) -> List[Optional[bytes]]:
+    """Per source, its shared object cut out of one compiled batch; None where that failed (all of them when the batch
+    did not compile)."""
+    assert self.ld is not None
+    try:
+      proc = _run_to_bytes(self.cc + ["-c"] + self.flags + ["-ffunction-sections", "-fdata-sections", "-x", "c", "-", "-o"],
+                           batch_source(srcs, scopes))
+    except OSError:
+      return [None] * len(srcs)
+    if proc.returncode != 0 or not proc.stdout:
+      return [None] * len(srcs)
+    libs: List[Optional[bytes]] = []
+    obj_fd = _memfd_with("tiny_clang_batch", proc.stdout)
+    try:
+      for i, scope in enumerate(scopes):
+        # keep (--gc-sections) what the exported names reach, export only them (the version script), under their own names
+        vfd = _memfd_with("tiny_clang_exports", f"{{ global: {'; '.join(scope.exported)}; local: *; }};".encode())
+        try:
+          aliases = [f"--defsym={n}={batch_prefix(i)}{n}" for n in scope.exported]
+          libs.append(_link_fd(self.ld, obj_fd, ["--gc-sections", f"--version-script=/proc/self/fd/{vfd}", *aliases], (vfd,)))
+        finally:
+          os.close(vfd)
+    finally:
+      os.close(obj_fd)
+    return libs
+
+
+# compile() as defined here: compile_many batches only while compile() is this one, not a subclass's or a patched one
+_CLANG_COMPILE = ClangCompiler.compile
 
 
 # ***** LLVM *****

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ctypes
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, DefaultDict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, DefaultDict, List, Optional, Sequence, Tuple
 
 from tiny import helpers
 from tiny.capabilities import DeviceCaps
@@ -349,6 +349,17 @@ class Compiler:
   # True when compile() may run in several threads at once (it holds no shared state and mostly waits on a subprocess):
   # the engine then compiles the new kernels of a schedule in parallel. The disk cache itself is used from one thread only.
   parallel_compile: bool = False
+
+  def compile_many(self, srcs: Sequence[str]) -> List[Optional[bytes]]:
+    """compile() of every source, for the engine's batched first compile; None in place of a source that failed (compiling
+    it alone raises the error). A compiler that does better with many sources at once (one process for all) overrides it."""
+    libs: List[Optional[bytes]] = []
+    for src in srcs:
+      try:
+        libs.append(self.compile(src))
+      except Exception:  # noqa: BLE001 - the kernel is compiled again, alone, when it is lowered: that raises it in order
+        libs.append(None)
+    return libs
 
   def cache_lookup(self, src: str) -> Optional[bytes]:
     """The binary of src from the disk cache, or None (no cache, a miss, or a corrupt or foreign entry)."""

@@ -10,13 +10,13 @@ import os
 import sys
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, as_completed
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, Generator, List, Optional, Tuple
 
 from tiny import plugins
 from tiny.codegen.kernel import Kernel
-from tiny.device import Buffer, Compiled
+from tiny.device import Buffer, Compiled, Compiler
 from tiny.engine.schedule import ScheduleItem
 from tiny.helpers import BEAM, CAPTURING, DEBUG, NOOPT, GlobalCounters, Metadata, ansilen, colored, getenv, progress_bar, to_function_name
 from tiny.ops import LazyOp, MetaOps
@@ -204,13 +204,90 @@ def _show_progress(n: int) -> bool:
   return n >= 8 and (DEBUG >= 1 or sys.stderr.isatty())
 
 
+class _CompileQueue:
+  """Sources waiting for their compiler, handed to worker threads in batches (`Compiler.compile_many`).
+
+  While sources still come, batches start once `min_batch` wait, and at most workers-1 run at once: the thread that
+  renders (Python) keeps a core, and every compiler process started costs about as much as compiling a small kernel.
+  Batches grow by themselves when compiling is slower than rendering, which is when starting fewer processes pays. Once
+  rendering is over (`close`) what is left is split over every worker. A batch holds sources of one compiler only."""
+
+  min_batch = 4
+
+  def __init__(self, workers: int):
+    self._cv = threading.Condition()
+    self._pending: List[Tuple[Compiler, str, "Future[Optional[bytes]]"]] = []
+    self._closed = False
+    self._running = 0
+    self._threads = [threading.Thread(target=self._work, name=f"tiny-compile-{i}", daemon=True) for i in range(workers)]
+    for t in self._threads:
+      t.start()
+
+  def submit(self, compiler: Compiler, src: str) -> "Future[Optional[bytes]]":
+    """Queue src; the future gets its binary, or None when it did not compile."""
+    fut: Future[Optional[bytes]] = Future()
+    with self._cv:
+      self._pending.append((compiler, src, fut))
+      self._cv.notify()
+    return fut
+
+  def close(self) -> None:
+    """No more sources: the workers finish what waits, then stop."""
+    with self._cv:
+      self._closed = True
+      self._cv.notify_all()
+
+  def join(self) -> None:
+    for t in self._threads:
+      t.join()
+
+  def _may_start(self) -> bool:
+    if self._closed:
+      return True
+    return len(self._pending) >= self.min_batch and self._running < max(1, len(self._threads) - 1)
+
+  def _take(self) -> List[Tuple[Compiler, str, "Future[Optional[bytes]]"]]:
+    with self._cv:
+      while not self._may_start():
+        self._cv.wait()
+      # at the end what waits is shared by every worker; before, one batch takes it all (at most workers-1 batches run)
+      share = len(self._threads) if self._closed else 1
+      if not self._pending:
+        return []
+      compiler = self._pending[0][0]
+      mine = [job for job in self._pending if job[0] is compiler]
+      mine = mine[:min(getattr(compiler, "max_batch", 1 << 30), -(-len(mine) // share))]
+      taken = {id(job) for job in mine}
+      self._pending = [job for job in self._pending if id(job) not in taken]
+      self._running += 1
+      return mine
+
+  def _done(self) -> None:
+    with self._cv:
+      self._running -= 1
+      self._cv.notify_all()
+
+  def _work(self) -> None:
+    while batch := self._take():
+      try:
+        libs = batch[0][0].compile_many([src for _, src, _ in batch])
+      except Exception:  # noqa: BLE001 - each kernel is compiled again when it is lowered, which raises the error in order
+        libs = []
+      if len(libs) != len(batch):   # every future gets an answer, or precompile would wait forever
+        libs = [None] * len(batch)
+      self._done()
+      for (_, _, fut), lib in zip(batch, libs):
+        fut.set_result(lib)
+
+
 def precompile(schedule: List[ScheduleItem]) -> int:
   """Compile the not yet cached kernels of schedule ahead of running it, several at a time; returns how many were built.
 
-  Kernels are optimized and rendered here, one after another (that is Python), while the compiler turns the sources
-  into binaries on a thread pool (clang runs as a subprocess, so it uses the other cores meanwhile). Only compilers
-  that declare `parallel_compile` take part, and never under BEAM (the search compiles and times candidates itself).
-  A kernel that fails to optimize, render or compile here is left out: lowering it later raises the error in order."""
+  Kernels are optimized and rendered here, one after another (that is Python), while worker threads turn the sources
+  into binaries (clang runs as a subprocess, so it uses the other cores meanwhile), in batches: a compiler with
+  `compile_many` builds a whole batch with one process. Only compilers that declare `parallel_compile` take part, and
+  never under BEAM (the search compiles and times candidates itself). A kernel that fails to optimize, render or
+  compile here is left out: lowering it later raises the error in order."""
   if len(schedule) < 2 or BEAM >= 1 or getenv("PARALLEL_COMPILE", 1) == 0:
     return 0
   todo: Dict[_CacheKey, Tuple[str, LazyOp, _CacheKey]] = {}
@@ -228,13 +305,14 @@ def precompile(schedule: List[ScheduleItem]) -> int:
       todo[bkey] = (dname, si.ast, ckey)
   if len(todo) < 2:
     return 0   # nothing to overlap: the usual path compiles it
-  workers = max(1, min(len(todo), os.cpu_count() or 1))
+  queue = _CompileQueue(max(1, min(len(todo), os.cpu_count() or 1)))
   built = 0
-  with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tiny-compile") as pool:
-    jobs: List[Tuple[_CacheKey, _CacheKey, Program, Optional[bytes], Optional["Future[bytes]"]]] = []
-    # the bar counts kernels that are ready (rendered, and compiled or found in the disk cache), as they get ready
-    bar = progress_bar(len(todo), "compiling", "kernel") if _show_progress(len(todo)) else None
-    tick: Callable[..., None] = (lambda *_: bar.update(1)) if bar is not None else (lambda *_: None)
+  # the bar counts kernels that are ready (rendered, and compiled or found in the disk cache), as they get ready
+  bar = progress_bar(len(todo), "compiling", "kernel") if _show_progress(len(todo)) else None
+  tick: Callable[..., None] = (lambda *_: bar.update(1)) if bar is not None else (lambda *_: None)
+  try:
+    ready: List[Tuple[_CacheKey, _CacheKey, Program, bytes]] = []
+    waiting: Dict["Future[Optional[bytes]]", Tuple[_CacheKey, _CacheKey, Program]] = {}
     try:
       for bkey, (dname, ast, ckey) in todo.items():
         compiler = _device(dname).compiler
@@ -243,27 +321,29 @@ def precompile(schedule: List[ScheduleItem]) -> int:
         except Exception:
           tick()
           continue
-        fut = None
         if (lib := compiler.cache_lookup(prg.src)) is None:
-          (fut := pool.submit(compiler.compile, prg.src)).add_done_callback(tick)
+          (fut := queue.submit(compiler, prg.src)).add_done_callback(tick)
+          waiting[fut] = (bkey, ckey, prg)
         else:
           tick()
-        jobs.append((bkey, ckey, prg, lib, fut))
-      for bkey, ckey, prg, lib, fut in jobs:
-        if fut is not None:
-          try:
-            lib = fut.result()
-          except Exception:
-            lib = None
-          if lib is not None:
-            _device(prg.dname).compiler.cache_store(prg.src, lib)
-        if lib is None:
-          continue
-        method_cache[bkey] = method_cache[ckey] = CompiledRunner(prg, lib)
-        built += 1
+          ready.append((bkey, ckey, prg, lib))
     finally:
-      if bar is not None:
-        bar.close()
+      queue.close()
+    for bkey, ckey, prg, lib in ready:
+      method_cache[bkey] = method_cache[ckey] = CompiledRunner(prg, lib)
+      built += 1
+    # load each binary as soon as it is there, while the rest still compiles
+    for fut in as_completed(waiting):
+      bkey, ckey, prg = waiting[fut]
+      if (lib := fut.result()) is None:
+        continue
+      _device(prg.dname).compiler.cache_store(prg.src, lib)
+      method_cache[bkey] = method_cache[ckey] = CompiledRunner(prg, lib)
+      built += 1
+  finally:
+    queue.join()
+    if bar is not None:
+      bar.close()
   return built
 
 
