@@ -319,13 +319,15 @@ class TinyLikeFW(Framework):
     return decode
 
   def compile_latency(self) -> Runner:
-    # a fresh constant makes every call a new kernel, so nothing comes from the method cache
-    counter = [0]
+    # a fresh constant makes every call a new kernel, so nothing comes from the method cache; the constants start at a
+    # random point, or a second run would find the first run's kernels in the disk cache
+    counter = [int.from_bytes(os.urandom(3), "little")]
     x = self._rand(64)
 
     def run() -> Any:
+      # steps of 2**-20 in [1, 2): exact in float32 (and float64), so every call's constant is another number
       counter[0] += 1
-      return (x * float(counter[0]) + 1.2345).exp2().realize()
+      return (x * (1.0 + (counter[0] % (1 << 20)) * 2.0 ** -20) + 1.2345).exp2().realize()
     return run
 
 
