@@ -65,6 +65,26 @@ def contiguous_reduce(k: Kernel, axis: int) -> bool:
   return bool(ins) and all(isinstance(s := st.real_strides()[axis], int) and s in (0, 1) for st in ins)
 
 
+def _vector_pieces(width: int, lanes: int) -> int:
+  """How many vectors a strip of width lanes folds into: widest first (20 -> 16 + 4 on AVX-512, 8 + 8 + 4 on AVX2)."""
+  vecs, left = 0, width
+  while left > 0:
+    left -= next(v for v in (lanes >> i for i in range(lanes.bit_length())) if 0 < v <= left)
+    vecs += 1
+  return vecs
+
+
+def _image_row_axis(k: Kernel, axis: int, vec: Tuple[Any, ...], ins: List[Tuple[Any, ...]], out: Tuple[Any, ...]) -> Optional[int]:
+  """The output axis just outside the strip along which the vector input moves too and the other inputs of the reduce
+  broadcast (a conv's output row y, next to its pixel axis x), when it is even: None otherwise. Inputs only read after
+  the reduce (a fused relu mask) do not count."""
+  y = axis - 1
+  reduced = [s for s in ins if s is not vec and any(s[r] != 0 for r in range(k.first_reduce, len(s)))]
+  if y < 0 or out[y] == 0 or vec[y] == 0 or any(s[y] != 0 for s in reduced) or k.full_shape[y] % 2 != 0:
+    return None
+  return y
+
+
 def output_strip(k: Kernel) -> bool:
   """Matmul-like reduce: upcast a wide strip of the last output axis (True when applied).
 
@@ -91,29 +111,46 @@ def output_strip(k: Kernel) -> bool:
     # the codegen re-vectorizes: a register tile of rows x (1 or 2 vectors) fed by one vector load and one broadcast per
     # row each step, using half the register file for accumulators (1024² on AVX-512: 8x32 tile ~230 GFLOP/s, 1x128 ~95;
     # 3x3 conv 64->64 at 56²: 16 output channels x 8 pixels ~200, 8 x 8 ~160)
-    width = next((w for w in (2 * lanes, lanes) if k.full_shape[axis] % w == 0), None)
-    if width is None and 8 < k.full_shape[axis] <= 2 * lanes and _upcast_steps(k.full_shape[axis], 16):
-      # a short row (a small conv's 20 or 24 pixels) is tiled whole, as a full vector plus a partial one
-      # (5x5 conv 32->32 on 24² images: 20 = 16 + 4 lanes x 8 channels ~230 GFLOP/s, 4 x 16 ~90)
-      width = k.full_shape[axis]
-    width = width or next((w for w in (8, 4) if k.full_shape[axis] % w == 0), None)
+    n = k.full_shape[axis]
+    width = next((w for w in (2 * lanes, lanes) if n % w == 0), None)
+    # (not when the last piece would be a single scalar lane, 9 = 8 + 1: n is even, except where AVX-512 always took it)
+    short = width is None and (8 < n <= 2 * lanes or (4 < n <= 3 * lanes and n % 2 == 0)) and _upcast_steps(n, 16) is not None
+    if short:
+      # a short row (a small conv's 6, 20 or 24 pixels) is tiled whole, as full vectors plus a partial one
+      # (5x5 conv 32->32 on 24² images, AVX-512: 20 = 16 + 4 lanes x 8 channels ~230 GFLOP/s, 4 x 16 ~90; on AVX2
+      # 20 = 8 + 8 + 4 lanes x 2 channels x 2 rows ~2x the 4 x 8 tile, and the 3x3 conv's 6 = 4 + 2 lanes x 4
+      # channels ~3x the generic heuristic's 3 x 4)
+      width = n
+    width = width or next((w for w in (8, 4) if n % w == 0), None)
     if width is None:
       return False
     regs = simd_registers(k)
-    # registers per row: the strip folds into vectors of lanes, lanes/2, ... (20 -> 16 + 4: two)
-    vecs, left = 0, width
-    while left > 0:
-      left -= next(v for v in (lanes >> i for i in range(lanes.bit_length())) if 0 < v <= left)
-      vecs += 1
+    y = _image_row_axis(k, axis, vec, ins, out)
+    if y is not None and regs <= 16 and n <= 3 * lanes and n % 4 == 0:
+      # (16 registers: AVX2/SSE) a small image's whole row of full vectors (8, 16, 24 pixels; 20 = 8 + 8 + 4) times a few
+      # channels times two output rows: each weight broadcast feeds twice the vectors, and the second row's inputs are
+      # the rows the next kernel row reads (L1 hits). 3/4 of the registers hold accumulators (on AVX2: 5x5 conv's
+      # 24 = 3 x 8 pixels x 2 channels x 2 rows ~1.3x the 8 x 8 tile, 8 pixels x 4 x 2 ~1.3x 8 x 8)
+      width, short = n, True
+    vecs = _vector_pieces(width, lanes)
     rows_amt = next((r for r in (16, 8, 4, 2) if rows and r * vecs <= regs // 2 and k.full_shape[rows[-1]] % r == 0), 1)
+    if short and y is not None and n % 4 == 0:
+      rows_amt = next((r for r in (8, 4, 2) if rows and 2 * r * vecs <= regs * 3 // 4 and k.full_shape[rows[-1]] % r == 0), 1)
+    y_amt = 2 if short and y is not None and 2 * rows_amt * vecs <= regs * 3 // 4 else 1
   else:
     width = next((w for w in (128, 64, 32, 16, 8) if k.full_shape[axis] % w == 0), None)
     if width is None:
       return False
     rows_amt = next((r for r in (8, 4, 2) if width <= 16 and rows and k.full_shape[rows[-1]] % r == 0), 1)
+    y, y_amt = None, 1
   try:
     for step in _upcast_steps(width, 16 if lanes > 1 else 8) or []:
       k.apply_opt(Opt(OptOps.UPCAST, axis, step))
+    if lanes > 1 and y is not None and y_amt > 1:
+      # a short row leaves registers free: a second output row reuses each weight broadcast (the two rows' inputs
+      # overlap, so their loads hit the L1 cache); 20 pixels x 2 channels x 2 rows on AVX2 runs ~1.4x 20 x 2.
+      # (before the channels: y is the higher axis, and upcasting all of an axis removes it)
+      k.apply_opt(Opt(OptOps.UPCAST, y, y_amt))
     if rows_amt > 1:
       k.apply_opt(Opt(OptOps.UPCAST, rows[-1], rows_amt))
     if lanes > 1 and rows and rows[-1] + 1 == axis and k.full_shape[rows[-1]] > 1 and k.full_shape[axis] > 1:
@@ -154,6 +191,14 @@ def column_reduce(k: Kernel) -> bool:
   return True
 
 
+def _window_axis(k: Kernel, rows: List[int], r: int, x: Tuple[Any, ...]) -> Optional[int]:
+  """A short output axis (<= 8) that input x slides along with the same stride as along one of the reduce axes other
+  than the vectorized one `r` (a conv weight gradient's ky, which moves through the input rows like the output row y
+  does): None when there is none."""
+  reduce_strides = {x[a] for a in range(k.first_reduce, k.first_upcast) if a != r and k.full_shape[a] > 1}
+  return next((a for a in reversed(rows) if 1 < k.full_shape[a] <= 8 and x[a] not in (0, 1) and x[a] in reduce_strides), None)
+
+
 def dot_tile(k: Kernel) -> bool:
   """Matmul whose inputs are both contiguous along the reduce (`x @ W.T`, a Linear layer): a tile of rows x cols
   dot products, each a vector accumulator along the reduce (the reduce unrolls by one vector; the codegen keeps those
@@ -166,7 +211,12 @@ def dot_tile(k: Kernel) -> bool:
       not _all_int(k.full_shape) or k.first_reduce == 0:
     return False
   r = k.first_upcast - 1
-  unroll = next((u for u in (lanes, 8, 4) if u <= lanes and k.full_shape[r] % u == 0), None)
+  n = k.full_shape[r]
+  unroll = next((u for u in (lanes, 8, 4) if u <= lanes and n % u == 0), None)
+  if n % lanes != 0 and 4 < n <= 3 * lanes and n % 2 == 0:
+    # a short row (a conv's 20 or 6 pixels) unrolls whole: the codegen accumulates it in full vectors (8 + 8 + 4 lanes,
+    # the 4 widened with zeros; 4 + 2), not 4 lanes at a time or not at all (no piece is a lone scalar: n is even)
+    unroll = n
   if not contiguous_reduce(k, r) or unroll is None:
     return False
   sts = [st.real_strides() for st in k.sts[1:len(k.bufs)]]
@@ -187,12 +237,23 @@ def dot_tile(k: Kernel) -> bool:
     return next(((a, amt) for amt in amts for a in reversed(axes) if k.full_shape[a] % amt == 0), (-1, 1))
   row_axis, row_amt = pick(rows, (4, 2))
   col_axis, col_amt = pick(cols, (3, 2) if row_amt > 1 else (8, 4, 2))
+  if (win := _window_axis(k, rows, r, x)) is not None:
+    # a conv's weight gradient: all of one kernel axis (ky) times a few output channels. Its rows of the input are the
+    # rows the reduce walks next, so they stay in L1 (5x5 conv 32->32 on 24² images, AVX2: 5 x 2 tile ~1.8x the 4 x 2
+    # tile over input channels, which streams four channels' images per output tile)
+    row_axis, row_amt = win, k.full_shape[win]
+    col_axis, col_amt = pick(cols, tuple(a for a in (4, 3, 2) if a * row_amt <= simd_registers(k) * 2 // 3))
+  unroll_axis = r - k.first_reduce   # counted before the upcasts: one that takes a whole axis removes it
   try:
+    if col_amt > 1 and col_axis > row_axis and row_amt == k.full_shape[row_axis]:
+      # upcasting all of the row axis removes it: the higher (column) axis goes first so that its index stays valid
+      k.apply_opt(Opt(OptOps.UPCAST, col_axis, col_amt))
+      col_amt = 1
     if row_amt > 1:
       k.apply_opt(Opt(OptOps.UPCAST, row_axis, row_amt))
     if col_amt > 1:
       k.apply_opt(Opt(OptOps.UPCAST, col_axis, col_amt))
-    k.apply_opt(Opt(OptOps.UNROLL, r - k.first_reduce, unroll))
+    k.apply_opt(Opt(OptOps.UNROLL, unroll_axis, unroll))
   except KernelOptError:
     return bool(k.upcasted)
   return True

@@ -16,7 +16,7 @@ A renderer opts in with `Renderer.simd_bytes` (the widest vector register; 0 kee
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple, cast
 
 from tiny.codegen.uops import UOp, UOps, graph_substitute
 from tiny.dtype import DType, dtypes
@@ -122,11 +122,11 @@ def _op_leaves(u: UOp, op: Any) -> List[UOp]:
   return [u]
 
 
-def _first_gep(u: UOp) -> Tuple[int, ...]:
-  # sort key: the lane a leaf reads (GEP index of the first GEP found depth-first), so leaves line up with their vector
+def _first_gep(u: UOp) -> Optional[UOp]:
+  """The first GEP found depth-first under u: the lane of a loaded vector that an unrolled reduce leaf reads."""
   if u.op is UOps.GEP:
-    return (u.arg,)
-  return next((k for s in u.src if (k := _first_gep(s))), ())
+    return u
+  return next((g for s in u.src if (g := _first_gep(s)) is not None), None)
 
 
 def _reduce_tree(op: Any, xs: List[UOp]) -> UOp:
@@ -135,10 +135,67 @@ def _reduce_tree(op: Any, xs: List[UOp]) -> UOp:
   return xs[0]
 
 
+def _lane_chunks(leaves: List[UOp], lanes: int) -> Optional[List[List[UOp]]]:
+  """The leaves of an unrolled reduce step cut into the vectors they were loaded as: one chunk per loaded vector (the
+  vector of their first GEP), in lane order. A row of 20 loaded as 8 + 8 + 4 lanes gives chunks of 8, 8 and 4.
+  None when a leaf reads no vector lane, or a chunk is not a whole vector of at most `lanes` lanes."""
+  by_vec: Dict[UOp, List[Tuple[int, UOp]]] = {}
+  for x in leaves:
+    if (g := _first_gep(x)) is None:
+      return None
+    by_vec.setdefault(g.src[0], []).append((g.arg, x))
+  chunks = []
+  for vec, members in by_vec.items():
+    members.sort(key=lambda m: m[0])
+    n = len(members)
+    if vec.dtype is None or vec.dtype.count != n or n > lanes or [i for i, _ in members] != list(range(n)):
+      return None
+    chunks.append([x for _, x in members])
+  return chunks
+
+
+def _fill(v: UOp, width: int, op: Any) -> UOp:
+  """v (n lanes) as `width` lanes: its own lanes, then zeros for a sum or copies of its lanes for a max."""
+  assert v.dtype is not None
+  n = v.dtype.count
+  fill = [v.gep(i % n) for i in range(n, width)] if op is BinaryOps.MAX else [UOp.const(v.dtype.scalar(), 0)] * (width - n)
+  return UOp(UOps.VECTORIZE, v.dtype.scalar().vec(width), tuple(v.gep(i) for i in range(n)) + tuple(fill))
+
+
+def _widen(chunk: UOp, width: int, op: Any) -> UOp:
+  """A vector of fewer lanes than the accumulator, widened to `width` lanes that leave the reduce unchanged (zeros for
+  a sum, copies of its own lanes for a max). A product is widened through its operands (0 * 0 adds nothing), so that
+  the accumulate stays one fused multiply-add on full vectors; a short load widens into a register for free."""
+  assert chunk.dtype is not None
+  if chunk.dtype.count == width:
+    return chunk
+  if op is BinaryOps.ADD and chunk.op is UOps.ALU and chunk.arg is BinaryOps.MUL and \
+      all(s.dtype is not None and s.dtype == chunk.dtype for s in chunk.src):
+    return UOp(UOps.ALU, chunk.dtype.scalar().vec(width), tuple(_fill(s, width, op) for s in chunk.src), chunk.arg)
+  return _fill(chunk, width, op)
+
+
+def _packed_chunks(leaves: List[UOp], packer: _Packer, lanes: int) -> Optional[List[UOp]]:
+  """The reduce leaves packed as vectors: cut along the vectors they were loaded as (a short row: 8 + 8 + 4), or else
+  in equal chunks of lanes, 8 or 4 in lane order (one loaded vector). None when neither cut packs."""
+  cuts = [c for c in (_lane_chunks(leaves, lanes),) if c is not None and max(len(x) for x in c) >= 4]
+  if (width := next((w for w in (lanes, 8, 4) if len(leaves) % w == 0 and w <= lanes), None)) is not None:
+    ordered = sorted(leaves, key=lambda x: g.arg if (g := _first_gep(x)) is not None else -1)
+    cuts.append([ordered[i:i + width] for i in range(0, len(ordered), width)])
+  for cut in cuts:
+    packed = [packer.pack(tuple(c)) for c in cut]
+    if all(real for _, real in packed):
+      return [vec for vec, _ in packed]
+  return None
+
+
 def _vector_reduction(phi: UOp, packer: _Packer, simd: int, users: Dict[UOp, int]) -> Optional[UOp]:
   """A scalar reduce whose every step combines n unrolled lanes into the accumulator becomes a vector accumulator of
   those lanes (the lanes are combined across steps, in any order: exact for MAX and integer ADD, a reassociation of a
-  float sum as the CPU renderers already allow), plus one horizontal reduce after the loop. Returns that scalar."""
+  float sum as the CPU renderers already allow), plus one horizontal reduce after the loop. Returns that scalar.
+
+  The accumulator is as wide as the widest loaded vector; a narrower one (the tail of a 20-wide row loaded as 8 + 8 + 4)
+  is widened with lanes that change nothing, so the whole row still accumulates in full-width vectors."""
   acc, val = phi.src
   dt = acc.dtype
   # the accumulator is read by this step and by the PHI, nothing else
@@ -148,22 +205,19 @@ def _vector_reduction(phi: UOp, packer: _Packer, simd: int, users: Dict[UOp, int
   assert dt is not None
   op = val.arg
   leaves = [x for s in val.src if s is not acc for x in _op_leaves(s, op)]
-  lanes = simd // dt.itemsize
   if len(leaves) < 4 or any(x is acc for x in leaves):
     return None
-  width = next((w for w in (lanes, 8, 4) if len(leaves) % w == 0 and w <= lanes), None)
-  if width is None:
+  chunks = _packed_chunks(leaves, packer, simd // dt.itemsize)
+  if chunks is None:
     return None
-  leaves = sorted(leaves, key=_first_gep)
-  chunks = []
-  for i in range(0, len(leaves), width):
-    vec, real = packer.pack(tuple(leaves[i:i + width]))
-    if not real:
-      return None
-    chunks.append(vec)
+  width = max(cast(DType, c.dtype).count for c in chunks)
   vdt = dt.vec(width)
   vacc = UOp(UOps.DEFINE_ACC, vdt, acc.src, acc.arg)
-  vphi = UOp(UOps.PHI, vdt, (vacc, vacc.alu(op, _reduce_tree(op, chunks))))
+  # one chained step per chunk (acc + a*b + c*d ...), which the C compiler contracts into fused multiply-adds
+  step = vacc
+  for c in chunks:
+    step = step.alu(op, _widen(c, width, op))
+  vphi = UOp(UOps.PHI, vdt, (vacc, step))
   return _reduce_tree(op, [vphi.gep(i) for i in range(width)])
 
 
