@@ -259,6 +259,21 @@ def dot_tile(k: Kernel) -> bool:
   return True
 
 
+def elementwise_full_vector(k: Kernel, lanes: int) -> None:
+  """(16 registers: AVX2) An elementwise kernel whose output is contiguous along its last axis, which some input
+  broadcasts over (softmax's exp(x - max) / sum): upcast that axis by one full vector first. Core's reuse step would
+  upcast it by only 4, half an AVX2 register (softmax 4096² exp-div kernel on AVX2)."""
+  axis = k.first_reduce - 1
+  if k.upcasted or axis < 0 or not isinstance(n := k.full_shape[axis], int) or n % lanes != 0 or \
+      k.sts[0].real_strides()[axis] != 1:
+    return
+  if any(st.views[-1].strides[axis] == 0 for st in k.sts[1:len(k.bufs)]):
+    try:
+      k.apply_opt(Opt(OptOps.UPCAST, axis, lanes))
+    except KernelOptError:
+      pass
+
+
 def cpu_hand_coded_optimizations(k: Kernel) -> bool:
   """The CLANG/LLVM heuristic (`Renderer.hand_coded_optimizations`): choose k's opts for a host CPU. Always True: the
   CPU never falls back to core's generic heuristic, whose GPU-minded choices (locals, grouping) it cannot use anyway."""
@@ -267,6 +282,8 @@ def cpu_hand_coded_optimizations(k: Kernel) -> bool:
   if output_strip(k) or column_reduce(k) or dot_tile(k):
     return True
   lanes = simd_lanes(k)
+  if lanes > 4 and simd_registers(k) <= 16 and k.reduceop is None:
+    elementwise_full_vector(k, lanes)
   # a constant "broadcasts" along every axis but is no reuse worth registers; on a SIMD CPU it would only cut the
   # vector width of an elementwise kernel to the 4 that step picks
   k.upcast_reused_axes(skip_consts=lanes > 0)
