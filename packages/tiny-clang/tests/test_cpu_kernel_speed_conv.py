@@ -21,25 +21,12 @@ from tiny.dtype import dtypes
 from tiny.helpers import prod
 from tiny.engine.schedule import create_schedule
 from tiny.ops import BinaryOps, BufferOps, LazyOp, MemBuffer, MetaOps, ReduceOps
-from tiny.runtime.ops_python import PythonRenderer
 from tiny.shape.shapetracker import ShapeTracker as ST
 from tiny.tensor import Tensor
 from tiny.testing.ops_helper import run_kernel_on_python
-from tiny_clang.heuristics import cpu_hand_coded_optimizations
+from tiny_clang.testing import Avx2LikeRenderer
 
 F32 = dtypes.float32
-
-
-class _Avx2Renderer(PythonRenderer):
-  """A loop renderer with 16 vector registers of 32 bytes (AVX2-like) using the CPU heuristic; runs on PYTHON."""
-  has_local = False
-  has_shared = False
-  supports_float4 = True
-  simd_bytes = 32
-  simd_registers = 16
-
-  def hand_coded_optimizations(self, k: Kernel) -> bool:
-    return cpu_hand_coded_optimizations(k)
 
 
 def _vector_accs(k: Kernel) -> List[int]:
@@ -72,7 +59,7 @@ def test_short_row_dot_accumulates_in_one_full_vector(n: int, accs: int) -> None
   """A sum of products over a row of n unrolled whole: one vector accumulator as wide as the widest load (the row's
   narrower tail widened with zeros), and the exact dot products."""
   x, y = _rand(4, 3, n + 4, seed=1), _rand(4, 3, n + 4, seed=2)
-  k = Kernel(_row_reduce(ReduceOps.SUM, 4, n, True), opts=_Avx2Renderer())
+  k = Kernel(_row_reduce(ReduceOps.SUM, 4, n, True), opts=Avx2LikeRenderer())
   k.apply_opt(Opt(OptOps.UNROLL, 1, n))
   got = run_kernel_on_python(k, [x, y], (4,))
   assert _vector_accs(k) == [accs], _vector_accs(k)
@@ -83,7 +70,7 @@ def test_short_row_dot_accumulates_in_one_full_vector(n: int, accs: int) -> None
 def test_short_row_max_widens_with_its_own_lanes(n: int) -> None:
   """A row max unrolled whole: the narrow piece is widened with copies of its lanes (zeros would win over negatives)."""
   x = -np.abs(_rand(4, 3, n + 4, seed=3)) - 1.0   # every value negative: a zero lane would give a wrong max of 0
-  k = Kernel(_row_reduce(ReduceOps.MAX, 4, n, False), opts=_Avx2Renderer())
+  k = Kernel(_row_reduce(ReduceOps.MAX, 4, n, False), opts=Avx2LikeRenderer())
   k.apply_opt(Opt(OptOps.UNROLL, 1, n))
   got = run_kernel_on_python(k, [x], (4,))
   assert len(_vector_accs(k)) == 1 and _vector_accs(k)[0] > 1, _vector_accs(k)
@@ -101,7 +88,7 @@ def test_conv_forward_tiles_a_short_row_whole(hw: int, k: int, cout: int, want_r
   """A conv whose output rows (20, 6 pixels) are no multiple of the 8 lanes gets the whole row as its strip."""
   xn, wn = _rand(2, 4, hw, hw, seed=4), _rand(cout, 4, k, k, seed=5)
   si = create_schedule([Tensor(xn, device="PYTHON").realize().conv2d(Tensor(wn, device="PYTHON").realize()).lazydata])[-1]
-  kern = Kernel(si.ast, opts=_Avx2Renderer())
+  kern = Kernel(si.ast, opts=Avx2LikeRenderer())
   ox = kern.first_reduce - 1
   kern.hand_coded_optimizations()
   assert prod(o.amt for o in kern.applied_opts if o.op is OptOps.UPCAST and o.axis == ox) == want_row, kern.applied_opts
@@ -118,7 +105,7 @@ def test_conv_forward_small_image_row_adds_a_second_output_row(hw: int, k: int, 
   if masked:
     out = out * (Tensor(mn, device="PYTHON").realize() > 0)
   si = create_schedule([out.lazydata])[-1]
-  kern = Kernel(si.ast, opts=_Avx2Renderer())
+  kern = Kernel(si.ast, opts=Avx2LikeRenderer())
   oy = kern.first_reduce - 2
   kern.hand_coded_optimizations()
   assert Opt(OptOps.UPCAST, oy, 2) in kern.applied_opts, kern.applied_opts
@@ -147,7 +134,7 @@ def test_conv_weight_gradient_upcasts_the_kernel_row(hw: int, k: int) -> None:
   xn, wn = _rand(2, 4, hw, hw, seed=10), _rand(4, 4, k, k, seed=11)
   sched, ref, rn = _weight_grad_schedule(xn, wn)
   si = next(s for s in sched if s.ast.op is MetaOps.KERNEL and any(op.op is ReduceOps.SUM for op in s.ast.lazyops))
-  kern = Kernel(si.ast, opts=_Avx2Renderer())
+  kern = Kernel(si.ast, opts=Avx2LikeRenderer())
   full = list(kern.full_shape)
   kern.hand_coded_optimizations()
   ups = [o for o in kern.applied_opts if o.op is OptOps.UPCAST]

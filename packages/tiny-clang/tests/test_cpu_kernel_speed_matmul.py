@@ -18,25 +18,7 @@ from tiny.engine.schedule import create_schedule
 from tiny.runtime.ops_python import PythonRenderer
 from tiny.tensor import Tensor
 from tiny.testing.ops_helper import run_kernel_on_python
-from tiny_clang.heuristics import cpu_hand_coded_optimizations
-
-
-class _Avx2Renderer(PythonRenderer):
-  """A loop renderer with 16 vector registers of 32 bytes (AVX2-like) using the CPU heuristic; runs on PYTHON."""
-  has_local = False
-  has_shared = False
-  supports_float4 = True
-  simd_bytes = 32
-  simd_registers = 16
-
-  def hand_coded_optimizations(self, k: Kernel) -> bool:
-    return cpu_hand_coded_optimizations(k)
-
-
-class _Avx512Renderer(_Avx2Renderer):
-  """The same with 32 vector registers of 64 bytes (AVX-512-like)."""
-  simd_bytes = 64
-  simd_registers = 32
+from tiny_clang.testing import Avx2LikeRenderer, Avx512LikeRenderer
 
 
 def _rand(*shape: int, seed: int) -> np.ndarray:
@@ -60,13 +42,13 @@ def _vector_accs(k: Kernel) -> List[int]:
 
 def test_avx2_matmul_tile_is_4_rows_by_2_vectors() -> None:
   """A square power-of-two matmul on AVX2: 16 columns (2 vectors) x 4 rows, column blocks outside row blocks."""
-  k, _, _ = _matmul_kernel(1024, 1024, 512, _Avx2Renderer())
+  k, _, _ = _matmul_kernel(1024, 1024, 512, Avx2LikeRenderer())
   assert k.applied_opts == [Opt(OptOps.UPCAST, 1, 16), Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.SWAP, 0, 1)], k.applied_opts
 
 
 def test_avx512_matmul_tile_is_unchanged() -> None:
   """AVX-512 keeps its own tile: 32 columns (2 vectors) x 8 rows, column blocks outermost."""
-  k, _, _ = _matmul_kernel(1024, 1024, 512, _Avx512Renderer())
+  k, _, _ = _matmul_kernel(1024, 1024, 512, Avx512LikeRenderer())
   assert k.applied_opts == [Opt(OptOps.UPCAST, 1, 16), Opt(OptOps.UPCAST, 1, 2), Opt(OptOps.UPCAST, 0, 8),
                             Opt(OptOps.SWAP, 0, 1)], k.applied_opts
 
@@ -74,7 +56,7 @@ def test_avx512_matmul_tile_is_unchanged() -> None:
 @pytest.mark.parametrize("m, kk, n", [(32, 24, 64), (12, 37, 48), (8, 5, 16)])
 def test_avx2_matmul_accumulators_fit_half_the_registers(m: int, kk: int, n: int) -> None:
   """The AVX2 tile holds 8 full-width vector accumulators (16 registers: half for accumulators) and is exact."""
-  k, inputs, ref = _matmul_kernel(m, kk, n, _Avx2Renderer(), seed=m + kk)
+  k, inputs, ref = _matmul_kernel(m, kk, n, Avx2LikeRenderer(), seed=m + kk)
   got = run_kernel_on_python(k, inputs, (m, n)).reshape(m, n)
   assert _vector_accs(k) == [8] * 8, _vector_accs(k)
   np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
@@ -83,7 +65,7 @@ def test_avx2_matmul_accumulators_fit_half_the_registers(m: int, kk: int, n: int
 @pytest.mark.parametrize("m, kk, n", [(9, 13, 37), (6, 7, 20), (3, 40, 24)])
 def test_avx2_matmul_odd_sizes_on_python(m: int, kk: int, n: int) -> None:
   """Odd and short sizes with the AVX2 heuristic (partial vectors, no row tile) still give numpy's result."""
-  k, inputs, ref = _matmul_kernel(m, kk, n, _Avx2Renderer(), seed=3 * m + n)
+  k, inputs, ref = _matmul_kernel(m, kk, n, Avx2LikeRenderer(), seed=3 * m + n)
   np.testing.assert_allclose(run_kernel_on_python(k, inputs, (m, n)).reshape(m, n), ref, rtol=1e-4, atol=1e-4)
 
 
@@ -98,7 +80,7 @@ def test_host_matmul_odd_sizes_match_numpy(device: str, m: int, kk: int, n: int)
   np.testing.assert_allclose(got, an.astype(np.float64) @ bn.astype(np.float64), rtol=1e-3, atol=1e-3)
 
 
-@pytest.mark.parametrize("renderer, amt", [(_Avx2Renderer(), 8), (_Avx512Renderer(), 4)])
+@pytest.mark.parametrize("renderer, amt", [(Avx2LikeRenderer(), 8), (Avx512LikeRenderer(), 4)])
 def test_softmax_exp_div_kernel_vector_width(renderer: PythonRenderer, amt: int) -> None:
   """Softmax's elementwise exp(x - max) / sum: on AVX2 upcast by a full 8-lane vector along the contiguous row (not the
   4 of core's reuse step, half a register); AVX-512 keeps its choice."""

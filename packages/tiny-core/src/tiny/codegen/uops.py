@@ -416,32 +416,9 @@ def _match(u: UOp, pat: UPat, store: Dict[str, UOp]) -> List[Dict[str, UOp]]:
   return res
 
 
-def _src_ops_ok(srcs: Sequence[UOp], pats: Sequence[UPat]) -> bool:
-  for s, p in zip(srcs, pats):
-    if p.op is not None and s.op not in p.op:
-      return False
-    if p.arg is not None and p.op is not None and s.arg is not p.arg and not _arg_eq(s.arg, p.arg):
-      return False
-  return True
-
-
-def _quick_check(u: UOp, pat: UPat) -> bool:
-  """A cheap necessary condition for _match (op/arg of the direct sources), so most non-matches skip the full match."""
-  psrc = pat.src
-  if psrc is None or isinstance(psrc, list):
-    return True
-  if isinstance(psrc, UPat):
-    return psrc.op is None or all(s.op in psrc.op for s in u.src)
-  if len(u.src) != len(psrc) and not (pat.allow_any_len and len(u.src) >= len(psrc)):
-    return False
-  if _src_ops_ok(u.src, psrc):
-    return True
-  return len(psrc) == 2 and u.commutative() and _src_ops_ok((u.src[1], u.src[0]), psrc)
-
-
 def _ops_may_match(u: UOp, pat: UPat) -> bool:
-  """The part of _quick_check that looks only at the ops of u and of its direct sources (and whether u commutes), so
-  its answer can be cached per (op, arg, source ops) of u."""
+  """A cheap necessary condition for _match that looks only at the ops of u and of its direct sources (and whether u
+  commutes), so its answer can be cached per (op, arg, source ops) of u."""
   psrc = pat.src
   if psrc is None or isinstance(psrc, list):
     return True
