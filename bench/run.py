@@ -407,8 +407,10 @@ def frameworks(devices: List[str], peers: bool) -> List[Framework]:
     except ImportError:
       print("torch not installed: skipping the torch column", file=sys.stderr)
     try:
+      # tiny runs on the host CPU here, so tinygrad does too: left to itself it picks any OpenCL device, and that is PoCL
+      # (also a CPU, through another compiler) wherever tiny-opencl's tests installed it. TINYGRAD_DEV picks another.
+      os.environ.setdefault("DEV", os.environ.get("TINYGRAD_DEV", "CPU"))
       import tinygrad  # noqa: F401
-      # tinygrad picks its own default; on a machine without a GPU that is its CPU device (clang-compiled kernels)
       tg_dev = importlib.import_module("tinygrad.device").Device.DEFAULT
       fws.append(TinyLikeFW("tinygrad", tg_dev))
     except Exception as e:  # tinygrad is optional; any import problem just drops the column
