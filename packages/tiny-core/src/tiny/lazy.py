@@ -7,7 +7,8 @@ the same node (and the scheduler computes it once).
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple, Union
+import functools
+from typing import Any, List, Optional, Tuple, Union
 from weakref import ReferenceType, WeakValueDictionary, ref
 
 from tiny.device import Buffer
@@ -353,17 +354,13 @@ class LazyBuffer:
 
 
 _SCALAR_ST = ShapeTracker.from_shape(())
-_broadcast_sts: Dict[Tuple[sint, ...], ShapeTracker] = {}
 
 
+@functools.lru_cache(maxsize=4096)
 def _broadcast_st(shape: Tuple[sint, ...]) -> ShapeTracker:
   """The tracker of a scalar broadcast to shape (what reshape to all ones and expand give, kept per shape: constants
   are made for almost every op, and building it took two tracker ops and a LazyBuffer each time)."""
-  if (st := _broadcast_sts.get(shape)) is None:
-    if len(_broadcast_sts) >= 4096:
-      _broadcast_sts.clear()
-    st = _broadcast_sts[shape] = _SCALAR_ST.reshape((1,) * len(shape)).expand(shape)
-  return st
+  return _SCALAR_ST.reshape((1,) * len(shape)).expand(shape)
 
 
 def _reduced_shape(shape: Tuple[sint, ...], axis: Tuple[int, ...]) -> Tuple[sint, ...]:

@@ -1,6 +1,7 @@
 """ShapeTracker: a stack of Views; movement ops never copy, they change the index expression of a position."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Set, Tuple, cast
 
@@ -25,9 +26,6 @@ def _expr_view(view: View, idxs: List[Node], valid: Optional[Node] = None) -> Tu
     if m is not None:
       vexpr += [create_ge_node(idx, m[0]), create_lt_node(idx, m[1])]
   return Node.sum(iexpr), Node.ands(vexpr)
-
-
-_from_shape_cache: Dict[Tuple[sint, ...], "ShapeTracker"] = {}
 
 
 @dataclass(frozen=True)
@@ -66,12 +64,7 @@ class ShapeTracker:
   def from_shape(shape: Tuple[sint, ...]) -> ShapeTracker:
     """A contiguous tracker of shape (one shared instance per shape: trackers are immutable, and a shared one keeps its
     cached hash, which every LazyBuffer and kernel cache lookup of that shape reuses)."""
-    shape = tuple(shape)
-    if (ret := _from_shape_cache.get(shape)) is None:
-      if len(_from_shape_cache) >= 4096:
-        _from_shape_cache.clear()
-      ret = _from_shape_cache[shape] = ShapeTracker((View.create(shape),))
-    return ret
+    return _contiguous_tracker(tuple(shape))
 
   @property
   def contiguous(self) -> bool:
@@ -224,3 +217,7 @@ class ShapeTracker:
       return ShapeTracker(self.views[0:-1] + (new_view,))
     return ShapeTracker(self.views + (View.create(new_shape),))
 
+
+@functools.lru_cache(maxsize=4096)
+def _contiguous_tracker(shape: Tuple[sint, ...]) -> ShapeTracker:
+  return ShapeTracker((View.create(shape),))

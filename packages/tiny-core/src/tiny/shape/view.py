@@ -176,16 +176,8 @@ class View:
     bound = [v for v in self.vars() if v._val is not None]
     if not bound:
       return self, {}
-    unbound = {v: v.unbind()[0] for v in bound}
-
-    def sub(x: sint) -> sint:
-      if isinstance(x, int):
-        return x
-      ret = x.substitute(unbound)
-      return ret.b if isinstance(ret, NumNode) else ret
-    mask = tuple((sub(b), sub(e)) for b, e in self.mask) if self.mask is not None else None
-    ret = View.create(tuple(sub(s) for s in self.shape), tuple(sub(s) for s in self.strides), sub(self.offset), mask)
-    return ret, {v.unbind()[0]: v.val for v in bound}
+    unbound: Dict[Variable, Node] = {v: v.unbind()[0] for v in bound}
+    return self.substitute(unbound), {v.unbind()[0]: v.val for v in bound}
 
   def substitute(self, var_map: Mapping[Variable, Node]) -> View:
     """The view with Variables replaced by var_map's nodes (e.g. unbound ones by the same Variable bound to a new value)."""
