@@ -176,7 +176,7 @@ def _recurse_lb(buf: LazyBuffer, realizes: Dict[LazyBuffer, None], allbufs: Dict
   """Visit every unrealized LazyBuffer reachable from buf, recording children and the forced realizes.
 
   Bases read through a plain (unmasked) expand go to `expanded` when it is given: the caller decides once the whole
-  graph is known whether they are cheap enough to recompute per element (see _cheap_to_recompute)."""
+  graph is known whether they are cheap enough to recompute per element (see _recompute_from)."""
   stack: List[LazyBuffer] = [buf]
   while stack:
     buf = stack.pop()
@@ -223,13 +223,14 @@ def _recurse_lb(buf: LazyBuffer, realizes: Dict[LazyBuffer, None], allbufs: Dict
 _RECOMPUTE_MAX_OPS = 8
 
 
-def _cheap_to_recompute(b: LazyBuffer, realizes: Dict[LazyBuffer, None], assign_targets: Dict[LazyBuffer, LazyBuffer]) -> bool:
-  """b is a few elementwise ops on buffers that exist before the kernels reading it run (realized ones, or ones realized in
-  this schedule), like Adam's `1 - b1**t` or BatchNorm's `rsqrt(var + eps)`: its expanded reads recompute it in the reading
-  kernel instead of launching a kernel for a handful of values. Not when it reads a buffer that is assigned in this
-  schedule: that read of the old contents stays in a kernel of its own, ordered before the assign."""
+def _recompute_from(b: LazyBuffer, realizes: Dict[LazyBuffer, None], assign_targets: Dict[LazyBuffer, LazyBuffer]) -> Optional[List[LazyBuffer]]:
+  """When b is a few elementwise ops on buffers that exist before the kernels reading it run (realized ones, or ones
+  realized in this schedule), like Adam's `1 - b1**t` or BatchNorm's `rsqrt(var + eps)`, its expanded reads recompute it
+  in the reading kernel instead of launching a kernel for a handful of values: the buffers it must then be recomputed
+  from that are not realized yet (see _stored_by_its_reduce). None when b is not cheap to recompute, or reads a buffer
+  that is assigned in this schedule: that read of the old contents stays in a kernel of its own, before the assign."""
   if b.forced_realize or not all_int(b.shape):
-    return False
+    return None
   todo, seen, ops, boundaries = [b], set(), 0, []
   while todo:
     p = todo.pop()
@@ -238,7 +239,7 @@ def _cheap_to_recompute(b: LazyBuffer, realizes: Dict[LazyBuffer, None], assign_
     seen.add(p)
     if p.realized is not None:
       if p in assign_targets:
-        return False
+        return None
       continue
     if p.op is MetaOps.CONST or (p is not b and p in realizes):
       continue
@@ -249,10 +250,9 @@ def _cheap_to_recompute(b: LazyBuffer, realizes: Dict[LazyBuffer, None], assign_
       continue
     ops += 1
     if not isinstance(p.op, (UnaryOps, BinaryOps, TernaryOps)) or isinstance(p.dtype, ImageDType) or ops > _RECOMPUTE_MAX_OPS:
-      return False
+      return None
     todo.extend(x.base for x in p.srcs)
-  realizes.update((x, None) for x in boundaries)
-  return True
+  return boundaries
 
 
 def _stored_by_its_reduce(p: LazyBuffer) -> bool:
@@ -468,8 +468,9 @@ def _graph_schedule(outs: Sequence[LazyBuffer], seen: Set[LazyBuffer]) -> _Graph
       realizes[r] = None
       _recurse_lb(r, realizes, allbufs, simple_pads, children, assign_targets, expanded)
   for b in expanded:
-    if b not in realizes and not _cheap_to_recompute(b, realizes, assign_targets):
-      realizes[b] = None
+    if b not in realizes:
+      boundaries = _recompute_from(b, realizes, assign_targets)
+      realizes.update((x, None) for x in (boundaries if boundaries is not None else [b]))
 
   for p in simple_pads:
     if not _is_padding_okay(p, realizes):
@@ -534,7 +535,7 @@ def _flat_item(outs: Sequence[LazyBuffer], seen: Set[LazyBuffer]) -> Optional[_P
     inputs = tuple(dedup(out.srcs[i].base for i in srcs))
     metadata = dedup([m for m in [out.metadata] + [x.base.metadata for x in out.srcs if x.base.realized is None] if m is not None])
     return _PreItem(ast, (out,), inputs, {}, metadata)
-  ret = _lower_group([out], {out: None}, {out: out} if out.op in ReduceOps else {})
+  ret = _lower_alone(out)
   if tkey is not None and not ret.var_vals:
     if len(_flat_asts) >= _AST_NODES_MAX:
       _flat_asts.clear()
@@ -562,6 +563,11 @@ def _fused_chain(out: LazyBuffer) -> Optional[_PreItem]:
       return None
     visited.add(b)
     todo.extend(b.srcs)
+  return _lower_alone(out)
+
+
+def _lower_alone(out: LazyBuffer) -> _PreItem:
+  """The kernel of out as the only realized buffer of its graph (a reduce at the top is its own kernel's reduce)."""
   return _lower_group([out], {out: None}, {out: out} if out.op in ReduceOps else {})
 
 
@@ -570,23 +576,24 @@ def _fused_chain(out: LazyBuffer) -> Optional[_PreItem]:
 _flat_asts: Dict[Tuple[Any, ...], Tuple[LazyOp, Tuple[int, ...]]] = {}
 
 
-def _schedule(outs: Sequence[LazyBuffer], seen: Set[LazyBuffer]) -> Tuple[List[ScheduleItem], Dict[Variable, int]]:
-  if (flat := _flat_item(outs, seen)) is not None:
-    o = flat.outputs[0]
+def _scheduled(ps: _PreItem, seen: Set[LazyBuffer]) -> ScheduleItem:
+  """ps as a ScheduleItem; its outputs now count as realized: they drop their sources, which also frees the graph above."""
+  for o in ps.outputs:
     seen.add(o)
     del o.srcs
-    return [ScheduleItem(flat.ast, tuple(x.buffer for x in flat.outputs + flat.inputs if x.size != 0), flat.metadata)], dict(flat.var_vals)
+  return ScheduleItem(ps.ast, tuple(x.buffer for x in ps.outputs + ps.inputs if x.size != 0), ps.metadata)
+
+
+def _schedule(outs: Sequence[LazyBuffer], seen: Set[LazyBuffer]) -> Tuple[List[ScheduleItem], Dict[Variable, int]]:
+  if (flat := _flat_item(outs, seen)) is not None:
+    return [_scheduled(flat, seen)], dict(flat.var_vals)
   graph, in_degree, prescheduled = _graph_schedule(outs, seen)
   queue = deque(ps for key, ps in prescheduled.items() if in_degree[key] == 0)
   schedule: List[ScheduleItem] = []
   var_vals: Dict[Variable, int] = {}
   while queue:
     ps = queue.popleft()
-    for o in ps.outputs:
-      seen.add(o)
-      # a scheduled base is "realized": it drops its sources, which also frees the graph above it
-      del o.srcs
-    schedule.append(ScheduleItem(ps.ast, tuple(x.buffer for x in ps.outputs + ps.inputs if x.size != 0), ps.metadata))
+    schedule.append(_scheduled(ps, seen))
     var_vals = merge_dicts([var_vals, ps.var_vals])
     for x in graph[ps.outputs[0]]:
       in_degree[x] -= 1
