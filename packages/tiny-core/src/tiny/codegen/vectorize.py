@@ -178,7 +178,9 @@ def _widen(chunk: UOp, width: int, op: Any) -> UOp:
 def _packed_chunks(leaves: List[UOp], packer: _Packer, lanes: int) -> Optional[List[UOp]]:
   """The reduce leaves packed as vectors: cut along the vectors they were loaded as (a short row: 8 + 8 + 4), or else
   in equal chunks of lanes, 8 or 4 in lane order (one loaded vector). None when neither cut packs."""
-  cuts = [c for c in (_lane_chunks(leaves, lanes),) if c is not None and max(len(x) for x in c) >= 4]
+  cuts: List[List[List[UOp]]] = []
+  if (by_load := _lane_chunks(leaves, lanes)) is not None and max(len(x) for x in by_load) >= 4:
+    cuts.append(by_load)
   if (width := next((w for w in (lanes, 8, 4) if len(leaves) % w == 0 and w <= lanes), None)) is not None:
     ordered = sorted(leaves, key=lambda x: g.arg if (g := _first_gep(x)) is not None else -1)
     cuts.append([ordered[i:i + width] for i in range(0, len(ordered), width)])
