@@ -192,6 +192,11 @@ class _Builder:
       if f in _F16 and t in _F16:   # half <-> bfloat through float
         return self.cast(self.cast(v, frm, f32), f32, to)
       return self.ins(f"{'fpext' if t.itemsize > f.itemsize else 'fptrunc'} {lf} {v} to {lt}")
+    if dtypes.bfloat16 in (f, t):
+      # int/bool <-> bfloat16 through float: sitofp/fptosi on bfloat is a runtime-library call on CPUs without AVX512-BF16,
+      # which the JIT cannot resolve (it crashed on AVX2); the rounding is the C renderer's (int -> float -> bfloat16)
+      f32 = dtypes.float32.vec(n) if n > 1 else dtypes.float32
+      return self.cast(self.cast(v, frm, f32), f32, to)
     if dtypes.is_float(f):
       return self.ins(f"{'fptoui' if _is_unsigned(t) else 'fptosi'} {lf} {v} to {lt}")
     if dtypes.is_float(t):
