@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any, List, Optional, Sequence, Tuple
 
 from tiny.backend import Kernel, KernelOptError, Opt, OptOps, ReduceOps
+from tiny_clang.matmul_panels import panel_tile
 
 
 def _all_int(shape: Sequence[Any]) -> bool:
@@ -279,7 +280,7 @@ def cpu_hand_coded_optimizations(k: Kernel) -> bool:
   CPU never falls back to core's generic heuristic, whose GPU-minded choices (locals, grouping) it cannot use anyway."""
   if k.opts.has_local:
     return False   # a loop-based renderer only; a GPU-like one is left to core
-  if output_strip(k) or column_reduce(k) or dot_tile(k):
+  if panel_tile(k) or output_strip(k) or column_reduce(k) or dot_tile(k):
     return True
   lanes = simd_lanes(k)
   if lanes > 4 and simd_registers(k) <= 16 and k.reduceop is None:

@@ -16,6 +16,7 @@ from tiny.backend import BinaryOps, DType, Kernel, PtrDType, Renderer, TernaryOp
   to_function_name
 
 from tiny_clang.heuristics import cpu_hand_coded_optimizations
+from tiny_clang.matmul_panels import panel_width
 from tiny_clang.renderer import _loop_structure, _only_through, host_simd_bytes, host_simd_registers
 
 _SCALAR = {dtypes.bool: "i1", dtypes.int8: "i8", dtypes.uint8: "i8", dtypes.int16: "i16", dtypes.uint16: "i16", dtypes.int32: "i32",
@@ -107,6 +108,10 @@ class LLVMRenderer(Renderer):
   def hand_coded_optimizations(self, k: Kernel) -> bool:
     """The host CPU's tiling heuristic (tiny_clang.heuristics) instead of core's device-neutral one."""
     return cpu_hand_coded_optimizations(k)
+
+  def matmul_panel(self, m: int, k: int, n: int, dtype: DType) -> int:
+    """Pack b into panels of two vectors of columns for large products (tiny_clang.matmul_panels)."""
+    return panel_width(self.simd_bytes, m, k, n, dtype)
 
   def render(self, name: str, uops: List[UOp]) -> str:
     return _Builder(to_function_name(name), list(uops)).build()

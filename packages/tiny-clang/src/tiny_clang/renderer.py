@@ -24,6 +24,7 @@ from typing import Any, Callable, Dict, FrozenSet, List, Optional, Set, Tuple, c
 from tiny.backend import BinaryOps, CStyleLanguage, DType, Kernel, PtrDType, RenderError, TernaryOps, UnaryOps, UOp, UOps, dtypes
 
 from tiny_clang.heuristics import cpu_hand_coded_optimizations
+from tiny_clang.matmul_panels import panel_width
 from tiny_clang.vmath import exp2_source, log2_source
 
 HALF_PRELUDE = """#if defined(__FLT16_MAX__)
@@ -174,6 +175,10 @@ class ClangRenderer(CStyleLanguage):
   def hand_coded_optimizations(self, k: Kernel) -> bool:
     """The host CPU's tiling heuristic (tiny_clang.heuristics) instead of core's device-neutral one."""
     return cpu_hand_coded_optimizations(k)
+
+  def matmul_panel(self, m: int, k: int, n: int, dtype: DType) -> int:
+    """Pack b into panels of two vectors of columns for large products (tiny_clang.matmul_panels)."""
+    return panel_width(self.simd_bytes, m, k, n, dtype)
 
   # *** types ***
 

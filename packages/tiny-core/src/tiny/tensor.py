@@ -1719,10 +1719,33 @@ class Tensor:
       raise ShapeError(f"both arguments to matmul need to be at least 1D, got {n1}D and {n2}D")
     if (L := self.shape[-1]) != (R := w.shape[-min(n2, 2)]):  # noqa: N806
       raise ShapeError(f"shapes {self.shape} and {w.shape} cannot be multiplied ({L} != {R})")
+    out_dtype = least_upper_dtype(self.dtype, w.dtype) if acc_dtype is None else _to_dtype(acc_dtype)
+    if n1 >= 2 and n2 == 2 and (width := self._matmul_panel(w)):
+      return self._dot_panels(w, width, acc_dtype).cast(out_dtype)
     x = self.reshape(*self.shape[0:-1], *[1] * min(n1 - 1, n2 - 1, 1), self.shape[-1])
     w = w.reshape(*w.shape[0:-2], *[1] * min(n1 - 1, n2 - 1, 1), *w.shape[-min(n2, 2):]).transpose(-1, -min(n2, 2))
-    out_dtype = least_upper_dtype(x.dtype, w.dtype) if acc_dtype is None else _to_dtype(acc_dtype)
     return (x * w).sum(-1, acc_dtype=acc_dtype).cast(out_dtype)
+
+  def _matmul_panel(self, w: Tensor) -> int:
+    """The panel width the device's renderer asks for self @ w (2-D w), 0 when it packs nothing."""
+    if not isinstance(self.lazydata, LazyBuffer) or not isinstance(w.lazydata, LazyBuffer) or self.device != w.device or \
+        self.dtype != w.dtype or not all_int(self.shape + w.shape):
+      return 0
+    try:
+      renderer = Device.renderer(self.device)
+    except Exception:  # a device without a code generator (DISK, NPY) computes nothing itself
+      return 0
+    m, (k, n) = prod(cast(Tuple[int, ...], self.shape[:-1])), cast(Tuple[int, int], w.shape)
+    width = renderer.matmul_panel(m, k, n, self.dtype)
+    return width if width > 1 and n % width == 0 else 0
+
+  def _dot_panels(self, w: Tensor, width: int, acc_dtype: Optional[DTypeLike]) -> Tensor:
+    """self @ w with w first copied into contiguous panels of `width` columns (see `Renderer.matmul_panel`)."""
+    k, n = cast(Tuple[int, int], w.shape)
+    panels = w.reshape(k, n // width, width).permute(1, 0, 2).contiguous()   # (n // width, k, width)
+    x = self.reshape(*self.shape[:-1], 1, 1, k)
+    out = (x * panels.permute(0, 2, 1)).sum(-1, acc_dtype=acc_dtype)       # (..., n // width, width)
+    return out.reshape(*self.shape[:-1], n)
 
   def matmul(self, x: Tensor, reverse: bool = False, acc_dtype: Optional[DTypeLike] = None) -> Tensor:
     """self @ x (x @ self when reverse)."""

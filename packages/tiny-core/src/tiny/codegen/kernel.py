@@ -30,7 +30,7 @@ class OptOps(Enum):
   """Kinds of kernel optimization."""
 
   TC = auto(); UPCAST = auto(); UPCASTMID = auto(); UNROLL = auto(); LOCAL = auto()  # noqa: E702
-  GROUP = auto(); GROUPTOP = auto(); NOLOCALS = auto(); PADTO = auto(); SWAP = auto()  # noqa: E702
+  GROUP = auto(); GROUPTOP = auto(); NOLOCALS = auto(); PADTO = auto(); SWAP = auto(); BLOCK = auto()  # noqa: E702
 
   def __lt__(self, x: OptOps) -> bool:
     return self.value < x.value
@@ -387,6 +387,17 @@ class Kernel:
       return
     axis = opt.real_axis(self)
     check(axis < self.shape_len, f"invalid axis {opt.axis} for {opt.op} (real axis {axis}, {self.shape_len} dims)")
+    if opt.op is OptOps.BLOCK:
+      # cache blocking for loop-based targets: the inner amt of a global axis becomes the innermost global loop, so the
+      # loops between (another output axis) run once per block instead of once per whole axis
+      amt = opt.amt
+      check(isinstance(amt, int) and amt > 1, f"BLOCK needs an int amount > 1, got {amt}")
+      check(axis < self.global_dims, "BLOCK splits a global axis")
+      check(not self.tensor_core, "can't block with tensor cores")
+      check(isinstance(self.full_shape[axis], int) and self.full_shape[axis] % cast(int, amt) == 0 and self.full_shape[axis] > cast(int, amt),
+            f"axis {axis} of size {self.full_shape[axis]} is not a multiple of BLOCK {amt}")
+      self.shift_to(axis, cast(int, amt), insert_before=self.global_dims)
+      return
     if opt.amt is not None and opt.amt != 0:
       amt = opt.amt
       check(isinstance(amt, int) and amt > 1, f"amount must be an int > 1, got {amt}")

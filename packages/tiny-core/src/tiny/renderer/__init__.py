@@ -261,6 +261,15 @@ class Renderer:
     `Kernel.upcast_output`) with its own parameters. The default leaves every kernel to core."""
     return False
 
+  def matmul_panel(self, m: int, k: int, n: int, dtype: DType) -> int:
+    """Columns per panel when `Tensor.dot` should repack its right operand before an (m, k) @ (k, n) product; 0: never.
+
+    A loop-based target whose kernels read the right matrix a strip of columns at a time streams each strip through
+    the cache k rows apart, and row strides that are multiples of the page size alias in the cache. Copied once into
+    contiguous panels (n // width, k, width), each strip is one sequential run; the copy costs O(k*n) against the
+    product's O(m*k*n). GPU-like targets tile through local memory instead and keep the default."""
+    return 0
+
   def render(self, name: str, uops: List[UOp]) -> str:
     """Source code for the kernel `name` from its linearized uops."""
     raise NotImplementedError(f"{type(self).__name__} does not implement render")
