@@ -8,8 +8,8 @@ the same node (and the scheduler computes it once).
 from __future__ import annotations
 
 import functools
-from typing import Any, List, Optional, Tuple, Union
-from weakref import ReferenceType, WeakValueDictionary, ref
+from typing import Any, Dict, List, Optional, Tuple, Union
+from weakref import ReferenceType, ref
 
 from tiny.device import Buffer
 from tiny.dtype import ConstType, DType, dtypes
@@ -19,7 +19,17 @@ from tiny.registry import Device
 from tiny.shape.shapetracker import ShapeTracker
 from tiny.shape.symbolic import Variable, sint
 
-lazycache: WeakValueDictionary[Any, LazyBuffer] = WeakValueDictionary()
+# key -> weak reference to the LazyBuffer. A plain dict of weakrefs whose callback evicts the entry: WeakValueDictionary
+# does the same in Python code (a KeyedRef subclass, pending-removal bookkeeping), which was a large part of every op.
+lazycache: Dict[Any, ReferenceType[LazyBuffer]] = {}
+_LAZYCACHE = bool(getenv("LAZYCACHE", 1))
+
+
+def _evict(key: Any, wr: ReferenceType[LazyBuffer]) -> None:
+  # called by the garbage collector when the cached LazyBuffer dies; a newer entry under the same key stays
+  # one lookup: pop, and put back the rare newer entry
+  if (cur := lazycache.pop(key, None)) is not None and cur is not wr:
+    lazycache[key] = cur
 
 
 def _int_size(st: ShapeTracker) -> int:
@@ -37,21 +47,24 @@ def _as_int(x: sint) -> int:
 
 
 def create_lazybuffer(device: str, st: ShapeTracker, dtype: DType, op: Optional[Op] = None, arg: Any = None, srcs: Tuple[LazyBuffer, ...] = (),
-                      base: Optional[LazyBuffer] = None, enable_cache: bool = bool(getenv("LAZYCACHE", 1))) -> LazyBuffer:
+                      base: Optional[LazyBuffer] = None, enable_cache: bool = _LAZYCACHE) -> LazyBuffer:
   """Make (or find in the cache) the LazyBuffer with these properties."""
   if st.size == 0:
     # nothing to compute: an empty result is a constant of no elements
     op, arg, srcs, base = MetaOps.CONST, 0, (), None
   if op is MetaOps.CONST and not isinstance(arg, Variable):
     arg = dtypes.as_const(arg, dtype)
-  # a float arg by repr: -0.0 == 0.0, but a constant -0.0 must not come back as 0.0
-  key_arg = ("f", repr(arg)) if isinstance(arg, float) else arg
-  cache_key = (device, st, dtype, op, key_arg, tuple(ref(x) for x in srcs)) if base is None else (st, ref(base))
-  if enable_cache and (hit := lazycache.get(cache_key)) is not None:
+  if not enable_cache:
+    return LazyBuffer(device, st, dtype, op, arg, srcs, base=base, metadata=_METADATA.get())
+  if base is None:
+    # a float arg by repr: -0.0 == 0.0, but a constant -0.0 must not come back as 0.0
+    cache_key: Any = (device, st, dtype, op, ("f", repr(arg)) if isinstance(arg, float) else arg, tuple(map(ref, srcs)))
+  else:
+    cache_key = (st, ref(base))
+  if (wr := lazycache.get(cache_key)) is not None and (hit := wr()) is not None:
     return hit
   ret = LazyBuffer(device, st, dtype, op, arg, srcs, base=base, metadata=_METADATA.get())
-  if enable_cache:
-    lazycache[cache_key] = ret
+  lazycache[cache_key] = ref(ret, functools.partial(_evict, cache_key))
   return ret
 
 
@@ -72,33 +85,36 @@ class LazyBuffer:
         # a view op needs no kernel: it is a Buffer aliasing the source's memory
         src = srcs[0]
         self._buffer: Buffer = src.base.buffer.view(_int_size(st), dtype, _as_int(src.st.views[0].offset) * src.dtype.itemsize)
+        self._buffer.ref(1)
       elif op is MetaOps.ASSIGN:
         self._buffer = srcs[1].base.buffer
-      else:
-        self._buffer = Buffer(device, _int_size(st), dtype)
-      self._buffer.ref(1)
+        self._buffer.ref(1)
+      # any other base makes its Buffer on first use (see `buffer`): the intermediates of a fused kernel and the constants
+      # never need one, and they are most of the bases an eager op builds
       self.contiguous_child: Optional[Tuple[ReferenceType[LazyBuffer], ShapeTracker]] = None
       self.forced_realize = False
       # the ops reading this base (weakly), so an assign can tell which lazy results were made from the old contents
       self._readers: List[ReferenceType[LazyBuffer]] = []
       self._sweep_at = 32
       self.stale_readers: Tuple[ReferenceType[LazyBuffer], ...] = ()
-      me = ref(self)
-      for s in srcs:
-        s.base._add_reader(me)
+      if srcs:
+        me = ref(self)
+        for s in srcs:
+          b = s._base if s._base is not None else s
+          (rs := b._readers).append(me)
+          if len(rs) >= b._sweep_at:
+            b._sweep_readers()
     else:
       if base.base is not base:
         raise RuntimeError("the base of a view must be a base")
       self._base = base
 
-  def _add_reader(self, r: ReferenceType[LazyBuffer]) -> None:
-    rs = self._readers
-    rs.append(r)
+  def _sweep_readers(self) -> None:
     # a weight read by every step would collect dead refs for ever: drop them once the list is twice what lived at the
     # last sweep (amortized O(1) per reader)
-    if len(rs) >= self._sweep_at:
-      rs[:] = [x for x in rs if x() is not None]
-      self._sweep_at = max(32, 2 * len(rs))
+    rs = self._readers
+    rs[:] = [x for x in rs if x() is not None]
+    self._sweep_at = max(32, 2 * len(rs))
 
   def pending_stale_readers(self) -> List[LazyBuffer]:
     """For an ASSIGN: the lazy results made from the target's old contents before the assign, not yet scheduled.
@@ -127,8 +143,14 @@ class LazyBuffer:
 
   @property
   def buffer(self) -> Buffer:
-    """The Buffer of the base (allocated when the schedule that computes it runs)."""
-    return self.base._buffer
+    """The Buffer of the base (made on first use, allocated when the schedule that computes it runs)."""
+    b = self._base if self._base is not None else self
+    try:
+      return b._buffer
+    except AttributeError:
+      buf = b._buffer = Buffer(b.device, _int_size(b.st), b.dtype)
+      buf.ref(1)
+      return buf
 
   @buffer.setter
   def buffer(self, buf: Buffer) -> None:
@@ -142,7 +164,7 @@ class LazyBuffer:
   @property
   def realized(self) -> Optional[Buffer]:
     # scheduled bases drop their srcs; a base without srcs is backed by its buffer
-    return self._buffer if self._base is None and not hasattr(self, "srcs") else None
+    return self.buffer if self._base is None and not hasattr(self, "srcs") else None
 
   @property
   def lbs(self) -> List[LazyBuffer]:
@@ -176,9 +198,15 @@ class LazyBuffer:
     """A constant of this buffer's dtype and device, broadcast to shape (default: this shape)."""
     if not isinstance(val, (int, float, bool, Variable)):
       raise TypeError(f"const value must be a bool, int, float or Variable, got {type(val).__name__}")
-    shape = self.shape if shape is None else shape
-    base = create_lazybuffer(self.device, _SCALAR_ST, self.dtype, MetaOps.CONST, val, enable_cache=False)
-    return base._view(_broadcast_st(tuple(shape))) if shape else base
+    shape = self.shape if shape is None else tuple(shape)
+    # built directly: a fresh scalar base is never in the cache, and nor is a view of it (the key holds the new base)
+    base = LazyBuffer(self.device, _SCALAR_ST, self.dtype, MetaOps.CONST, val if isinstance(val, Variable) else dtypes.as_const(val, self.dtype),
+                      metadata=_METADATA.get())
+    if not shape:
+      return base
+    st = _broadcast_st(shape)
+    # an empty shape takes the general path, which turns it into an empty constant of its own
+    return LazyBuffer(self.device, st, self.dtype, base=base) if st.size != 0 else base._view(st)
 
   def assign(self, x: LazyBuffer) -> LazyBuffer:
     """Write x into this (realized) buffer; the result aliases it."""
@@ -251,29 +279,26 @@ class LazyBuffer:
 
   def e(self, op: Op, *in_srcs: LazyBuffer, arg: Any = None) -> LazyBuffer:
     """Elementwise op (Unary/Binary/Ternary, or CONTIGUOUS/VIEW) of self and in_srcs, with constant folding."""
-    srcs: List[LazyBuffer] = []
-    for s in (self,) + in_srcs:
-      if s is s.base and s.base.contiguous_child is not None and (root := s.base.contiguous_child[0]()) is not None:
-        srcs.append(root._view(s.base.contiguous_child[1]))
-      else:
-        srcs.append(s)
-    dts = [x.dtype.scalar() if hasattr(x.dtype, "scalar") else x.dtype for x in (srcs[1:] if op is TernaryOps.WHERE else srcs)]
-    if not all_same(dts):
-      raise TypeError(f"all sources of {op} need the same dtype, got {dts}")
-    if op is TernaryOps.WHERE and srcs[0].dtype != dtypes.bool:
-      raise TypeError(f"the condition of WHERE must be bool, got {srcs[0].dtype}")
-    if not all_same([x.shape for x in srcs]):
-      raise ValueError(f"all sources of {op} need the same shape, got {[x.shape for x in srcs]}")
-    out_dtype = dtypes.bool if op in (BinaryOps.CMPLT, BinaryOps.CMPNE) else srcs[-1].dtype
+    srcs = (self,) + in_srcs
+    # a base that was made contiguous elsewhere is read from that copy (rare: checked cheaply first)
+    if any(s._base is None and s.contiguous_child is not None for s in srcs):
+      srcs = tuple(root._view(s.contiguous_child[1]) if s._base is None and s.contiguous_child is not None and
+                   (root := s.contiguous_child[0]()) is not None else s for s in srcs)
+    dtype0, shape0 = srcs[-1].dtype, srcs[0].shape
+    # the usual case (every source of one dtype and shape) needs none of the checks' work
+    if op is TernaryOps.WHERE or any(x.dtype is not dtype0 for x in srcs) or any(x.shape != shape0 for x in srcs):
+      _check_elementwise(op, srcs)
+    out_dtype = dtypes.bool if op is BinaryOps.CMPLT or op is BinaryOps.CMPNE else dtype0
 
-    if op in python_alu and all(s.is_unrealized_unmasked_const() for s in srcs):
+    consts = [_unmasked_const(x) for x in srcs]
+    if op in python_alu and all(consts):
       return self.cast(out_dtype).const(exec_alu(op, out_dtype, [s.base.arg for s in srcs]))
-    if op is UnaryOps.NEG and self.base.realized is None and self.base.op is UnaryOps.NEG and self is self.base:
-      return self.base.srcs[0]
-    if op in (BinaryOps.ADD, BinaryOps.MUL):
+    if op is UnaryOps.NEG and self._base is None and self.op is UnaryOps.NEG and self.realized is None:
+      return self.srcs[0]
+    if (op is BinaryOps.ADD or op is BinaryOps.MUL) and (consts[0] or consts[1]):
       x, y = srcs[0], srcs[1]
-      for a, b in ((x, y), (y, x)):
-        if not b.is_unrealized_unmasked_const():
+      for a, b, is_const in ((x, y, consts[1]), (y, x, consts[0])):
+        if not is_const:
           continue
         val = b.base.arg
         if op is BinaryOps.ADD and val == 0:
@@ -285,7 +310,7 @@ class LazyBuffer:
           return a.const(0)
         if op is BinaryOps.MUL and val == -1:
           return a.e(UnaryOps.NEG)
-    return create_lazybuffer(self.device, ShapeTracker.from_shape(self.shape), out_dtype, op, arg, tuple(srcs))
+    return create_lazybuffer(self.device, ShapeTracker.from_shape(shape0), out_dtype, op, arg, srcs)
 
   def _reduce_op(self, op: ReduceOps, axis: Tuple[int, ...]) -> LazyBuffer:
     if any(not 0 <= a < len(self.shape) for a in axis):
@@ -351,6 +376,25 @@ class LazyBuffer:
 
   def stride(self, arg: Tuple[int, ...]) -> LazyBuffer:
     return self._view(self.st.stride(arg))
+
+
+def _unmasked_const(x: LazyBuffer) -> bool:
+  """x.is_unrealized_unmasked_const(), in one call: e() asks it of every source of every op."""
+  b = x._base
+  if b is None:
+    return x.op is MetaOps.CONST and hasattr(x, "srcs") and not isinstance(x.arg, Variable)
+  return b.op is MetaOps.CONST and hasattr(b, "srcs") and not isinstance(b.arg, Variable) and all(v.mask is None for v in x.st.views)
+
+
+def _check_elementwise(op: Op, srcs: Tuple[LazyBuffer, ...]) -> None:
+  """Raise when the sources of an elementwise op disagree in dtype or shape."""
+  dts = [x.dtype.scalar() if hasattr(x.dtype, "scalar") else x.dtype for x in (srcs[1:] if op is TernaryOps.WHERE else srcs)]
+  if not all_same(dts):
+    raise TypeError(f"all sources of {op} need the same dtype, got {dts}")
+  if op is TernaryOps.WHERE and srcs[0].dtype != dtypes.bool:
+    raise TypeError(f"the condition of WHERE must be bool, got {srcs[0].dtype}")
+  if not all_same([x.shape for x in srcs]):
+    raise ValueError(f"all sources of {op} need the same shape, got {[x.shape for x in srcs]}")
 
 
 _SCALAR_ST = ShapeTracker.from_shape(())

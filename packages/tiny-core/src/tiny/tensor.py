@@ -318,8 +318,11 @@ class Tensor:
 
   def realize(self, *lst: Tensor, do_update_stats: bool = True) -> Tensor:
     """Compute these tensors now (run their kernels). Returns self."""
-    from tiny.engine.realize import realize_lock, run_schedule
+    from tiny.engine.realize import realize_eager, realize_lock, run_schedule
     with realize_lock:
+      # one eager op seen before runs its cached kernel directly (see realize_eager); the rest is scheduled
+      if not lst and do_update_stats and self.lazydata.__class__ is LazyBuffer and realize_eager(self.lazydata):
+        return self
       schedule, var_vals = self.schedule_with_vars(*lst)
       if do_update_stats:
         run_schedule(schedule, var_vals)
@@ -2189,6 +2192,10 @@ class Tensor:
 
   def _broadcasted(self, y: Union[Tensor, ConstType, Node], reverse: bool = False, match_dtype: bool = True) -> Tuple[Tensor, Tensor]:
     x: Tensor = self
+    if (fast := _scalar_operand(x, y)) is not None:
+      return (fast, x) if reverse else (x, fast)
+    if isinstance(y, Tensor) and x.shape == y.shape and x.dtype == y.dtype:
+      return (y, x) if reverse else (x, y)   # nothing to cast or broadcast
     if not isinstance(y, Tensor):
       if isinstance(y, np.generic):
         y = y.item()
@@ -2766,6 +2773,27 @@ def _same_bound_size(a: sint, b: sint) -> bool:
 def _floor_fix(rem: Tensor, divisor: Tensor) -> Tensor:
   """Where a truncating division must step down to floor: a nonzero C remainder whose sign differs from the divisor's."""
   return (rem != 0) & ((rem < 0) != (divisor < 0))
+
+
+def _scalar_operand(x: Tensor, y: Any) -> Optional[Tensor]:
+  """The common `x * 1.5` / `x + 1` of _broadcasted in one step: a Python float (or int with an int tensor) that takes x's
+  dtype becomes a constant already in x's shape, so nothing is cast or broadcast. None when another path applies: the
+  same Tensor the general path builds (a constant LazyBuffer of x's dtype, shape and device, with no gradient)."""
+  cls = y.__class__
+  if cls is not float and cls is not int:
+    return None
+  lb, dt = x.lazydata, x.lazydata.dtype
+  if lb.__class__ is not LazyBuffer or isinstance(dt, ImageDType):
+    return None
+  if dtypes.is_float(dt):
+    val: ConstType = dtypes.as_const(y, dt)
+  elif cls is int and dtypes.is_int(dt):
+    val = _wrap_int(y, dt)
+  else:
+    return None
+  ret = Tensor.__new__(Tensor)
+  ret.lazydata, ret.grad, ret.requires_grad, ret._ctx = lb.const(val), None, False, None
+  return ret
 
 
 def _wrap_int(v: int, dtype: DType) -> int:

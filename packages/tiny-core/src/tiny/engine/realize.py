@@ -17,8 +17,10 @@ from typing import Any, Callable, Dict, Generator, List, Optional, Tuple
 from tiny import plugins
 from tiny.codegen.kernel import Kernel
 from tiny.device import Buffer, Compiled, Compiler
-from tiny.engine.schedule import ScheduleItem
+from tiny.engine import graph_viz
+from tiny.engine.schedule import ScheduleItem, eager_kernel
 from tiny.helpers import BEAM, CAPTURING, DEBUG, NOOPT, GlobalCounters, Metadata, ansilen, colored, getenv, progress_bar, to_function_name
+from tiny.lazy import LazyBuffer
 from tiny.ops import LazyOp, MetaOps
 from tiny.registry import Device
 from tiny.renderer import Program, Renderer
@@ -398,13 +400,37 @@ def _debug_line(ei: ExecItem, et: Optional[float], op_est: float, mem_est: float
   return line
 
 
+# (device, ast, BEAM, NOOPT) -> (the device's renderer, plugin generation, runner, which of the item's buffers each kernel
+# argument is). In front of method_cache for kernels run again and again (eager loops): it skips the renderer's cache key,
+# which is rebuilt from the renderer's attributes on every get_runner. A renderer is never changed in place, so the same
+# renderer object (and no plugin change) means the same key there.
+_runners: Dict[Tuple[str, LazyOp, int, int], Tuple[Renderer, Tuple[int, int], CompiledRunner, Tuple[int, ...]]] = {}
+_runners_gen: Tuple[int, int] = (-1, -1)
+
+
+def _runner_for(dname: str, ast: LazyOp) -> Tuple[CompiledRunner, Tuple[int, ...]]:
+  """get_runner(dname, ast), and the index into the item's buffers of each of the kernel's arguments."""
+  global _runners_gen
+  key, renderer, gen = (dname, ast, BEAM.value, NOOPT.value), _device(dname).renderer, plugins.generation()
+  if (ent := _runners.get(key)) is not None and ent[0] is renderer and ent[1] == gen:
+    return ent[2], ent[3]
+  if gen != _runners_gen:
+    _runners.clear()
+    _runners_gen = gen
+  runner = get_runner(dname, ast)
+  if len(_runners) >= 1 << 14:
+    _runners.clear()
+  _runners[key] = (renderer, gen, runner, idx := tuple(g[0] if isinstance(g, tuple) else g for g in runner.p.globals))
+  return runner, idx
+
+
 def lower_schedule_item(si: ScheduleItem) -> ExecItem:
   """The ExecItem that performs one ScheduleItem."""
   if si.ast.op is MetaOps.KERNEL:
     if len({x.device for x in si.bufs}) > 1:
       raise RuntimeError(f"a kernel's buffers must all be on one device, got {sorted({x.device for x in si.bufs})}")
-    runner = get_runner(si.outputs[0].device, si.ast)
-    return ExecItem(runner, [si.bufs[g[0] if isinstance(g, tuple) else g] for g in runner.p.globals], si.metadata)
+    runner, idx = _runner_for(si.bufs[0].device, si.ast)
+    return ExecItem(runner, [si.bufs[i] for i in idx], si.metadata)
   out = si.outputs[0]
   if si.ast.op is MetaOps.COPY:
     src = si.inputs[0]
@@ -464,6 +490,40 @@ capturing = _PerThreadList()
 # Scheduling marks LazyBuffers of the shared graph as realized before their kernels ran: two threads realizing one
 # graph would otherwise read buffers the other has not filled (or allocated) yet. Held for schedule + run (+ copy-out).
 realize_lock = threading.RLock()
+
+
+def realize_eager(lb: LazyBuffer) -> bool:
+  """Compute lb right away when it is an eager op whose graph structure was scheduled before (see schedule.eager_kernel):
+  the cached kernel runs on the buffers, with no ScheduleItem, memory plan or ExecItem built in between. Returns False,
+  having done nothing, where the full path must run: a new structure, a JIT capturing, DEBUG>=2 or GRAPH output, inputs
+  on another device. Call it holding realize_lock, as Tensor.realize does."""
+  if len(capturing) or DEBUG >= 2 or graph_viz.GRAPH:
+    return False
+  out = lb.base
+  if (hit := eager_kernel(out)) is None:
+    return False
+  ast, inputs = hit
+  dname = out.device
+  bufs = [out.buffer]
+  for x in inputs:
+    if x.device != dname or x.size == 0:
+      return False
+    bufs.append(x.buffer)
+  runner, idx = _runner_for(dname, ast)
+  # from here on it is scheduled, as _scheduled does it: the output stops holding its graph
+  del out.srcs
+  rawbufs = [bufs[i] for i in idx]
+  for b in rawbufs:
+    if not hasattr(b, "_buf"):
+      b.allocate()
+  et = runner(rawbufs, {})
+  GlobalCounters.kernel_count += 1
+  GlobalCounters.global_ops += sym_infer(runner.op_estimate, {})
+  GlobalCounters.global_mem += sym_infer(runner.mem_estimate, {})
+  if et is not None:
+    GlobalCounters.time_sum_s += et
+  runner.first_run = False
+  return True
 
 
 def run_schedule(schedule: List[ScheduleItem], var_vals: Optional[Dict[Variable, int]] = None, do_update_stats: bool = True) -> None:

@@ -506,74 +506,123 @@ def _graph_schedule(outs: Sequence[LazyBuffer], seen: Set[LazyBuffer]) -> _Graph
 def _flat_item(outs: Sequence[LazyBuffer], seen: Set[LazyBuffer]) -> Optional[_PreItem]:
   """The one kernel of an eager-style graph, or None when the graph needs the full analysis.
 
-  Eager code realizes one op at a time: a single output whose sources are all realized buffers or constants (through
-  any views). Then every decision of _graph_schedule is already known (the output is the only thing realized, no pad
-  or expand can move a realize, a reduce is its own kernel, nothing is assigned), so the walk, the realize analysis and
-  the toposort are skipped; the kernel AST is built by the same _lower_group."""
+  Eager code realizes one op at a time: a single output computed elementwise (or by one reduce at the top) from realized
+  buffers and constants, through any views, maybe by a chain of elementwise ops read whole (x.exp(), (x * 2 + 1).relu()).
+  Then every decision of _graph_schedule is already known: the output is the only thing realized (no intermediate is
+  forced, no pad needs a safety check, no expand weighs recomputing against a kernel), a reduce is its own kernel and
+  nothing is assigned. So the walk, the realize analysis and the toposort are skipped; the kernel AST is built by the same
+  _lower_group, once per graph structure (see _eager_graph)."""
   if len(outs) != 1:
     return None
   out = outs[0].base
-  if out.realized is not None or out in seen or not isinstance(out.op, (UnaryOps, BinaryOps, TernaryOps, ReduceOps)):
+  if out in seen or out.realized is not None or not isinstance(out.op, (*_ELEMENTWISE, ReduceOps)):
     return None
-  key: List[Any] = [out.op, out.arg, out.dtype, out.st]
-  firsts: Dict[LazyBuffer, int] = {}
-  for i, x in enumerate(out.srcs):
-    b = x.base
-    if b.realized is not None:
-      # which source first read this buffer: x * x loads one buffer, x * y two
-      key.append((firsts.setdefault(b, i), b.dtype, x.st))
-    elif b.op is MetaOps.CONST:
-      key.append((("f", repr(b.arg)) if isinstance(b.arg, float) else b.arg, b.dtype, x.st))
-    else:
+  for x in out.srcs:
+    if x.base.realized is None and x.base.op is not MetaOps.CONST:
       return _fused_chain(out)
-  try:
-    hit = _flat_asts.get(tkey := tuple(key))
-  except TypeError:   # an unhashable arg
-    hit, tkey = None, None
-  if hit is not None:
-    ast, srcs = hit
-    inputs = tuple(dedup(out.srcs[i].base for i in srcs))
-    metadata = dedup([m for m in [out.metadata] + [x.base.metadata for x in out.srcs if x.base.realized is None] if m is not None])
-    return _PreItem(ast, (out,), inputs, {}, metadata)
-  ret = _lower_alone(out)
-  if tkey is not None and not ret.var_vals:
-    if len(_flat_asts) >= _AST_NODES_MAX:
-      _flat_asts.clear()
-    _flat_asts[tkey] = (ret.ast, tuple(firsts[b] for b in ret.inputs))
-  return ret
+  return _lowered_once(out)
 
 
 def _fused_chain(out: LazyBuffer) -> Optional[_PreItem]:
-  """The one kernel of a chain of elementwise ops on realized buffers and constants (x.exp(), (x * 2 + 1).relu()), or
-  None. The full analysis could only decide the same there: no reduce below the output, no intermediate forced to
-  realize, and every intermediate read whole (no pad to check for safety, no expand to weigh recomputing against a
-  kernel), so nothing but the output is realized."""
-  todo, visited = list(out.srcs), {out}
-  while todo:
-    x = todo.pop()
-    b = x.base
-    if b.realized is not None or b.op is MetaOps.CONST:
+  """The one kernel of out when it is a chain of elementwise ops on realized buffers and constants, or None (its own
+  function so that tests can turn the chain shortcut off and compare with the full analysis)."""
+  return _lowered_once(out)
+
+
+def _lowered_once(out: LazyBuffer) -> Optional[_PreItem]:
+  """out's kernel by its graph's structure (see _eager_graph): built by _lower_alone the first time, then from the cache."""
+  if (graph := _eager_graph(out)) is None:
+    return None
+  key, leaves, nodes = graph
+  if (hit := _eager_ast(key)) is not None:
+    metadata = dedup([b.metadata for b in nodes if b.metadata is not None])
+    return _PreItem(hit[0], (out,), tuple(leaves[i] for i in hit[1]), {}, metadata)
+  ret = _lower_alone(out)
+  if not ret.var_vals:
+    if len(_eager_asts) >= _AST_NODES_MAX:
+      _eager_asts.clear()
+    try:
+      _eager_asts[key] = (ret.ast, tuple(leaves.index(b) for b in ret.inputs))
+    except TypeError:   # an unhashable arg somewhere in the graph
+      pass
+  return ret
+
+
+def eager_kernel(out: LazyBuffer) -> Optional[Tuple[LazyOp, Tuple[LazyBuffer, ...]]]:
+  """(kernel AST, input bases) of out when out is an eager-style graph (see _flat_item) whose structure was scheduled
+  before; None otherwise (then the full scheduler must run, which also remembers the structure for next time)."""
+  if (graph := _eager_graph(out)) is None or (hit := _eager_ast(graph[0])) is None:
+    return None
+  leaves = graph[1]
+  return hit[0], tuple(leaves[i] for i in hit[1])
+
+
+def _eager_ast(key: Tuple[Any, ...]) -> Optional[Tuple[LazyOp, Tuple[int, ...]]]:
+  try:
+    return _eager_asts.get(key)
+  except TypeError:   # an unhashable arg
+    return None
+
+
+def _arg_key(arg: Any) -> Any:
+  # a float by repr: -0.0 == 0.0 (and hashes alike), but the kernels they give differ
+  return ("f", repr(arg)) if isinstance(arg, float) else arg
+
+
+_ELEMENTWISE = (UnaryOps, BinaryOps, TernaryOps)
+
+
+def _eager_graph(out: LazyBuffer) -> Optional[Tuple[Tuple[Any, ...], List[LazyBuffer], List[LazyBuffer]]]:
+  """(structural key, realized bases read in first-read order, computed bases and constants) of out's graph, or None
+  when it is not one kernel with out as its only realized buffer.
+
+  out must be an unrealized elementwise op or reduce whose sources are realized buffers, constants, or elementwise ops
+  (not forced to realize, of out's device, not images) read whole and unmasked, recursively. The key lists every node
+  (op, arg, dtype, tracker) and every read (which node, buffer or constant, through which tracker), numbered in visit
+  order, so two graphs with one key have the same kernel AST with the same buffers in the same places: it replaces
+  building the AST again when an eager loop repeats an op on new buffers of the same layout."""
+  if not isinstance(out.op, (*_ELEMENTWISE, ReduceOps)) or out.realized is not None:
+    return None
+  ids: Dict[LazyBuffer, int] = {out: 0}
+  leaves: Dict[LazyBuffer, int] = {}
+  nodes: List[LazyBuffer] = [out]
+  key: List[Any] = []
+  i = 0
+  while i < len(nodes):
+    b = nodes[i]
+    i += 1
+    if b.op is MetaOps.CONST:
       continue
-    # every read is checked, also a second one of a visited node
-    if x is not b and (x.size != b.size or any(v.mask is not None for v in x.st.views)):
-      return None
-    if b in visited:
-      continue
-    if not isinstance(b.op, (UnaryOps, BinaryOps, TernaryOps)) or b.forced_realize or b.device != out.device or isinstance(b.dtype, ImageDType):
-      return None
-    visited.add(b)
-    todo.extend(b.srcs)
-  return _lower_alone(out)
+    key.append((b.op, _arg_key(b.arg), b.dtype, b.st))
+    for x in b.srcs:
+      xb = x._base if x._base is not None else x
+      if xb.realized is not None:
+        key.append((-1, leaves.setdefault(xb, len(leaves)), xb.dtype, x.st))
+        continue
+      if xb.op is MetaOps.CONST:
+        key.append((-2, _arg_key(xb.arg), xb.dtype, x.st))
+        nodes.append(xb)   # for the metadata only
+        continue
+      # an intermediate is read whole and unmasked (a pad would need its safety check, an expand the recompute weighing)
+      if x is not xb and (x.size != xb.size or any(v.mask is not None for v in x.st.views)):
+        return None
+      if (n := ids.get(xb)) is None:
+        if not isinstance(xb.op, _ELEMENTWISE) or xb.forced_realize or xb.device != out.device or isinstance(xb.dtype, ImageDType):
+          return None
+        n = ids[xb] = len(ids)
+        nodes.append(xb)
+      key.append((n, x.st if x is not xb else None))
+  return tuple(key), list(leaves), nodes
+
+
+# the kernel AST of an eager graph by its structural key (see _eager_graph), with the positions of its input buffers among
+# the graph's realized bases; never symbolic (a graph with Variables is lowered every time)
+_eager_asts: Dict[Tuple[Any, ...], Tuple[LazyOp, Tuple[int, ...]]] = {}
 
 
 def _lower_alone(out: LazyBuffer) -> _PreItem:
   """The kernel of out as the only realized buffer of its graph (a reduce at the top is its own kernel's reduce)."""
   return _lower_group([out], {out: None}, {out: out} if out.op in ReduceOps else {})
-
-
-# the AST of an eager op, by the op, its output tracker and its sources' trackers, dtypes and constants (never symbolic):
-# repeating an op on new buffers of the same layout skips building the AST again
-_flat_asts: Dict[Tuple[Any, ...], Tuple[LazyOp, Tuple[int, ...]]] = {}
 
 
 def _scheduled(ps: _PreItem, seen: Set[LazyBuffer]) -> ScheduleItem:
