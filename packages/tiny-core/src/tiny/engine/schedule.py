@@ -633,23 +633,59 @@ def _scheduled(ps: _PreItem, seen: Set[LazyBuffer]) -> ScheduleItem:
   return ScheduleItem(ps.ast, tuple(x.buffer for x in ps.outputs + ps.inputs if x.size != 0), ps.metadata)
 
 
+def _run_order(graph: DefaultDict[LazyBuffer, List[LazyBuffer]], in_degree: DefaultDict[LazyBuffer, int], keys: List[LazyBuffer]) -> List[LazyBuffer]:
+  """The items in an order that runs each after the items it depends on (graph: item -> items that must run later), and
+  each as late as it can be while following the longest chain of work first.
+
+  Every item is placed right before the first item that needs it, deepest dependency first: an item that needs nothing
+  (a weight's repacking copy, a constant's fill) runs next to its reader instead of at the start, so its buffer is not
+  held across the whole schedule (GPT-2's prefill held every layer's repacked weights at once in breadth-first order)."""
+  # levels by a breadth-first pass (Kahn's algorithm), which also finds cycles
+  level: Dict[LazyBuffer, int] = {}
+  degree = dict(in_degree)
+  queue = deque(k for k in keys if degree[k] == 0)
+  preds: DefaultDict[LazyBuffer, List[LazyBuffer]] = defaultdict(list)
+  while queue:
+    k = queue.popleft()
+    level.setdefault(k, 0)
+    for x in graph[k]:
+      preds[x].append(k)
+      level[x] = max(level.get(x, 0), level[k] + 1)
+      degree[x] -= 1
+      if degree[x] == 0:
+        queue.append(x)
+  if len(level) != len(keys):
+    raise RuntimeError(f"cycle detected in the schedule graph: {len(keys)} items but only {len(level)} could be ordered")
+  # depth-first post-order from the items nothing depends on, deepest dependency first
+  order: List[LazyBuffer] = []
+  done: Set[LazyBuffer] = set()
+  for root in (k for k in keys if not graph[k]):
+    stack: List[Tuple[LazyBuffer, bool]] = [(root, False)]
+    while stack:
+      k, expanded = stack.pop()
+      if k in done:
+        continue
+      if expanded:
+        done.add(k)
+        order.append(k)
+        continue
+      stack.append((k, True))
+      # pushed shallowest first, so the deepest is popped (and placed) first
+      stack.extend((p, False) for p in sorted(preds[k], key=lambda p: level[p]) if p not in done)
+  assert len(order) == len(keys), "every item leads to an item that nothing depends on"
+  return order
+
+
 def _schedule(outs: Sequence[LazyBuffer], seen: Set[LazyBuffer]) -> Tuple[List[ScheduleItem], Dict[Variable, int]]:
   if (flat := _flat_item(outs, seen)) is not None:
     return [_scheduled(flat, seen)], dict(flat.var_vals)
   graph, in_degree, prescheduled = _graph_schedule(outs, seen)
-  queue = deque(ps for key, ps in prescheduled.items() if in_degree[key] == 0)
   schedule: List[ScheduleItem] = []
   var_vals: Dict[Variable, int] = {}
-  while queue:
-    ps = queue.popleft()
+  for key in _run_order(graph, in_degree, list(prescheduled)):
+    ps = prescheduled[key]
     schedule.append(_scheduled(ps, seen))
     var_vals = merge_dicts([var_vals, ps.var_vals])
-    for x in graph[ps.outputs[0]]:
-      in_degree[x] -= 1
-      if in_degree[x] == 0:
-        queue.append(prescheduled[x])
-  if any(d != 0 for d in in_degree.values()) or len(prescheduled) != len(schedule):
-    raise RuntimeError(f"cycle detected in the schedule graph: {len(prescheduled)} items but only {len(schedule)} could be ordered")
   if DEBUG >= 1 and len(schedule) >= 10:
     print(f"scheduled {len(schedule)} kernels")
   return schedule, var_vals
