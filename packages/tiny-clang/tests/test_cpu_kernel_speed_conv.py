@@ -114,6 +114,71 @@ def test_conv_forward_small_image_row_adds_a_second_output_row(hw: int, k: int, 
   np.testing.assert_allclose(got, _conv_ref(xn, wn) * ((mn > 0) if masked else 1), rtol=1e-4, atol=1e-4)
 
 
+
+def _conv_kernel(x_shape: Tuple[int, ...], w_shape: Tuple[int, ...], padding: int) -> Tuple[Any, Kernel]:
+  """The conv's schedule item (on PYTHON, nothing run) and its kernel with the AVX2-like heuristic's opts applied."""
+  x, w = Tensor.empty(*x_shape, device="PYTHON"), Tensor.empty(*w_shape, device="PYTHON")
+  si = create_schedule([x.conv2d(w, padding=padding).lazydata])[-1]
+  kern = Kernel(si.ast, opts=Avx2LikeRenderer())
+  kern.hand_coded_optimizations()
+  return si, kern
+
+
+def _upcasts(kern: Kernel) -> List[Tuple[int, int]]:
+  return [(o.axis, o.amt) for o in kern.applied_opts if o.op is OptOps.UPCAST]
+
+
+def test_large_padded_conv_keeps_one_row_of_eight_channels() -> None:
+  """The benchmark's conv (b32 64->64 56x56 3x3, padding 1): a padded input makes every vector load a masked one, so
+  the strip stays 8 pixels x 8 channels (1 load per 8 FMAs; 2 rows x 4 channels measured ~0.9x)."""
+  _, kern = _conv_kernel((32, 64, 56, 56), (64, 64, 3, 3), 1)
+  # axes: batch, out channel, y, x (then the reduce: in channel, ky, kx)
+  assert _upcasts(kern) == [(3, 8), (1, 8)], kern.applied_opts
+
+
+def test_large_unpadded_conv_adds_a_second_output_row() -> None:
+  """The same conv on an unpadded 58x58 input: 8 pixels x 2 output rows x 4 channels (~1.25x the 8 x 8 tile)."""
+  _, kern = _conv_kernel((32, 64, 58, 58), (64, 64, 3, 3), 0)
+  assert _upcasts(kern) == [(3, 8), (2, 2), (1, 4)], kern.applied_opts
+
+
+@pytest.mark.parametrize("x_shape, w_shape, padding, want", [
+  ((2, 3, 42, 42), (12, 3, 3, 3), 0, [(3, 8), (2, 2), (1, 4)]),   # 40x40 output: 5 strips of 8 pixels, 2 rows, 4 channels
+  ((2, 2, 28, 42), (6, 2, 3, 3), 0, [(3, 8), (2, 2), (1, 2)]),    # 6 channels: 4 does not divide them, 2 does
+  ((2, 3, 43, 42), (12, 3, 3, 3), 0, [(3, 8), (1, 4)]),            # 41 output rows (odd): no row pairs, 4 of 12 channels
+  ((2, 2, 40, 40), (5, 2, 3, 3), 1, [(3, 8)]),                     # padded, 5 channels (prime): one vector strip
+  ((2, 2, 20, 44), (4, 2, 5, 5), 0, [(3, 8), (2, 2), (1, 4)]),     # 5x5 kernel, 16x40 output
+])
+def test_conv_strip_choice_and_result_on_odd_sizes(x_shape: Tuple[int, ...], w_shape: Tuple[int, ...], padding: int,
+                                                   want: List[Tuple[int, int]]) -> None:
+  """The strip chosen for convs of odd sizes (AVX2-like renderer), run on PYTHON and checked against numpy."""
+  si, kern = _conv_kernel(x_shape, w_shape, padding)
+  assert _upcasts(kern) == want, kern.applied_opts
+  xn, wn = _rand(*x_shape, seed=15), _rand(*w_shape, seed=16)
+  pad = ((0, 0), (0, 0), (padding, padding), (padding, padding))
+  ref = _conv_ref(np.pad(xn, pad), wn)
+  got = run_kernel_on_python(kern, _inputs(si, [xn, wn]), ref.shape)
+  np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("bs, cin, cout, h, w, k, padding", [
+  (3, 5, 12, 42, 42, 3, 0),    # 40x40 output: the two-row strip on an AVX2 host
+  (2, 3, 6, 27, 58, 3, 0),     # 25x56 output: odd row count
+  (2, 4, 8, 56, 56, 3, 1),     # padded: the 8 x 8 strip
+  (1, 3, 10, 30, 66, 5, 0),    # 26x62 output: no strip of 8 pixels
+])
+def test_conv_forward_matches_torch_on_clang(bs: int, cin: int, cout: int, h: int, w: int, k: int, padding: int) -> None:
+  """The conv forward on CLANG with the host's own heuristic (on an AVX2 host: the strips above) against torch."""
+  torch = pytest.importorskip("torch")
+  from tiny_clang.compiler import find_cc
+  if find_cc() is None:
+    pytest.skip("no C compiler (clang/cc/gcc) on this machine")
+  xn, wn = _rand(bs, cin, h, w, seed=17), _rand(cout, cin, k, k, seed=18)
+  got = Tensor(xn, device="CLANG").conv2d(Tensor(wn, device="CLANG"), padding=padding).numpy()
+  ref = torch.nn.functional.conv2d(torch.tensor(xn), torch.tensor(wn), padding=padding).numpy()
+  np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+
+
 def _weight_grad_schedule(xn: np.ndarray, wn: np.ndarray) -> Tuple[List[Any], np.ndarray, np.ndarray]:
   """The schedule item of the weight gradient reduce (no batch split: 2 images) and the gradient of sum(conv * r)."""
   x, w = Tensor(xn, device="PYTHON").realize(), Tensor(wn, device="PYTHON", requires_grad=True).realize()
