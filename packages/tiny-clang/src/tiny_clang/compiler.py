@@ -1,6 +1,7 @@
 """Compilers of the CPU devices: C source to a shared object (clang, else cc/gcc) and LLVM IR to a native object (llvmlite)."""
 from __future__ import annotations
 
+import atexit
 import functools
 import hashlib
 import os
@@ -8,11 +9,14 @@ import platform
 import re
 import shlex
 import shutil
+import signal
+import struct
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple, cast
+from typing import IO, Any, Dict, List, Optional, Sequence, Tuple, cast
 
 from tiny.backend import CompileError, Compiler
 
@@ -368,3 +372,203 @@ class LLVMCompiler(Compiler):
       return bytes(self.tm.emit_object(mod))
     except RuntimeError as e:
       raise CompileError(f"LLVM code generation failed:\n{e}", src) from e
+
+  # compile_many runs in the engine's compile threads while the main thread renders the next kernels (see below)
+  parallel_compile = True
+  # the engine hands over at most this many sources at once: a helper comes back to the pool between batches, so at the
+  # end of rendering what is left spreads over every helper instead of waiting behind one long batch
+  max_batch = 8
+
+  def compile_many(self, srcs: Sequence[str]) -> List[Optional[bytes]]:
+    """Objects of many sources, compiled by a helper process (see _LLVMWorker): exactly what compile() gives each one.
+
+    llvmlite lets go of the GIL inside LLVM, but it runs every LLVM call of the process under one lock, and each of the
+    ~20 calls of a compile has to win the GIL back from the thread that renders Python (up to 5 ms each): compiled in a
+    thread of this process, a kernel takes about twice its CPU time. A helper process runs LLVM on another core with
+    neither. A small batch with no helper running yet is compiled here (starting one costs ~0.3 CPU-s), as is everything
+    when helpers cannot run (TINY_LLVM_WORKERS=0, no Python executable, a helper that dies at start) and for a subclass
+    or a patched compile()/optimize() (a helper builds a plain LLVMCompiler, which would not honour them). None marks a
+    source that did not compile (compile() alone raises its error), or one that made two helpers die."""
+    if type(self) is not LLVMCompiler or LLVMCompiler.compile is not _LLVM_COMPILE or LLVMCompiler.optimize is not _LLVM_OPTIMIZE:
+      return super().compile_many(srcs)
+    libs: List[Optional[bytes]] = []
+    worker = _WORKERS.take(self.opt, start=len(srcs) >= _WORKERS.start_batch)
+    tries = 0
+    while len(libs) < len(srcs):
+      if worker is None:
+        libs += super().compile_many(srcs[len(libs):])
+        break
+      try:
+        libs.append(worker.compile(srcs[len(libs)]))
+        tries = 0
+      except _WorkerDied:
+        # the helper could have died of something else (killed from outside): the source gets a second helper, and
+        # None only when that one dies on it too (compiling it in this process would likely take this process down)
+        _WORKERS.discard(worker)
+        if (tries := tries + 1) == 2:
+          libs.append(None)
+          tries = 0
+        worker = _WORKERS.take(self.opt, start=True)
+    if worker is not None:
+      _WORKERS.give_back(worker)
+    return libs
+
+
+# the methods as defined here: compile_many hands work to helper processes only while these are the ones in use
+_LLVM_COMPILE = LLVMCompiler.compile
+_LLVM_OPTIMIZE = LLVMCompiler.optimize
+
+
+# ***** LLVM compiles in helper processes *****
+
+class _WorkerDied(Exception):
+  """The helper process exited (or stopped talking) before answering."""
+
+
+def _write_msg(f: IO[bytes], data: bytes) -> None:
+  f.write(struct.pack("<Q", len(data)) + data)
+  f.flush()
+
+
+def _read_msg(f: IO[bytes]) -> Optional[bytes]:
+  """One length-prefixed message, or None at end of file (the other side is gone)."""
+  head = f.read(8)
+  if len(head) < 8:
+    return None
+  n = struct.unpack("<Q", head)[0]
+  data = f.read(n)
+  return data if len(data) == n else None
+
+
+def llvm_worker_main() -> None:
+  """The loop of a helper process: LLVM IR in (stdin), b"\\x01" + its object or b"\\x00" when it does not compile out.
+
+  The protocol runs on a private copy of stdout; fd 1 itself goes to stderr, so a stray print cannot corrupt it. Ctrl-C
+  is the parent's to handle: the helper ends when its stdin closes, which also happens when the parent dies."""
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
+  out = os.fdopen(os.dup(1), "wb")
+  os.dup2(2, 1)
+  comp = LLVMCompiler(opt=int(sys.argv[1]))
+  _write_msg(out, b"ready")
+  while (msg := _read_msg(sys.stdin.buffer)) is not None:
+    try:
+      reply = b"\x01" + comp.compile(msg.decode())
+    except Exception:  # noqa: BLE001 - the parent compiles it again in process, which raises the error where it belongs
+      reply = b"\x00"
+    _write_msg(out, reply)
+
+
+class _LLVMWorker:
+  """A Python process running llvm_worker_main for one opt level; it imports the parent's tiny_clang (same sys.path)."""
+
+  def __init__(self, opt: int):
+    self.opt, self.ready = opt, False
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    self.proc = subprocess.Popen([sys.executable, "-c", "from tiny_clang.compiler import llvm_worker_main; llvm_worker_main()",
+                                  str(opt)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+
+  def compile(self, src: str) -> Optional[bytes]:
+    """The object of src, None when it does not compile; raises _WorkerDied when the process is gone."""
+    assert self.proc.stdin is not None and self.proc.stdout is not None
+    try:
+      if not self.ready:
+        # the helper says "ready" once it imported everything: only then is a death the fault of a source
+        if _read_msg(self.proc.stdout) != b"ready":
+          raise _WorkerDied(f"it did not start (exit code {self.proc.poll()})")
+        self.ready = True
+      _write_msg(self.proc.stdin, src.encode())
+      reply = _read_msg(self.proc.stdout)
+    except (OSError, ValueError) as e:   # a broken pipe, or a pipe already closed
+      raise _WorkerDied(str(e)) from e
+    if not reply:
+      raise _WorkerDied(f"exit code {self.proc.poll()}")
+    return reply[1:] if reply[:1] == b"\x01" else None
+
+  def close(self) -> None:
+    """End the process: closing its stdin ends its loop; one that does not end soon is killed."""
+    for f in (self.proc.stdin, self.proc.stdout):
+      if f is not None:
+        try:
+          f.close()
+        except OSError:   # what a dead helper never read cannot be flushed to it
+          pass
+    try:
+      self.proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+      self.proc.kill()
+      self.proc.wait()
+
+
+class _WorkerPool:
+  """The helper processes of this process: started on demand, idle ones kept for the next batch, all ended at exit.
+
+  At most `limit` live at once (each holds ~100 MB); a batch that finds none free is compiled in process. When a helper
+  dies before it is ready (it cannot import tiny_clang, say), helpers are off for good: every batch would pay a start
+  for nothing."""
+
+  # a batch at least this long starts a helper when none is idle: below, compiling in process costs less than the start
+  start_batch = 4
+
+  def __init__(self) -> None:
+    self.lock = threading.Lock()
+    self.idle: List[_LLVMWorker] = []
+    self.live = 0
+    self.broken = False
+    # a forked child must not talk to its parent's helpers (two writers on one pipe): it starts its own. The parent's
+    # stay referenced, so that the child neither closes nor waits for them.
+    self.inherited: List[_LLVMWorker] = []
+    if hasattr(os, "register_at_fork"):
+      os.register_at_fork(after_in_child=self._forget_after_fork)
+
+  def _forget_after_fork(self) -> None:
+    self.lock = threading.Lock()
+    self.inherited += self.idle
+    self.idle, self.live = [], 0
+
+  @property
+  def limit(self) -> int:
+    if os.environ.get("TINY_LLVM_WORKERS") is not None:
+      return max(0, int(os.environ["TINY_LLVM_WORKERS"]))
+    # one per core, as many as the engine's compile threads, so that no batch waits for a helper or falls back to this
+    # process, where it would share llvmlite's lock with the loading of finished kernels
+    return max(1, min(4, os.cpu_count() or 1))
+
+  def take(self, opt: int, start: bool) -> Optional[_LLVMWorker]:
+    """An idle helper for opt, else a new one when `start` and the limit allow it, else None."""
+    with self.lock:
+      for i, w in enumerate(self.idle):
+        if w.opt == opt:
+          return self.idle.pop(i)
+      if not start or self.broken or self.live >= self.limit or not sys.executable:
+        return None
+      self.live += 1
+    try:
+      return _LLVMWorker(opt)
+    except OSError:
+      with self.lock:
+        self.live -= 1
+        self.broken = True
+      return None
+
+  def give_back(self, w: _LLVMWorker) -> None:
+    with self.lock:
+      self.idle.append(w)
+
+  def discard(self, w: _LLVMWorker) -> None:
+    """Forget a helper that died."""
+    with self.lock:
+      self.live -= 1
+      self.broken = self.broken or not w.ready
+    w.close()
+
+  def close(self) -> None:
+    """End every idle helper. One still busy at exit ends by itself: its stdin closes when this process is gone."""
+    with self.lock:
+      idle, self.idle = self.idle, []
+      self.live -= len(idle)
+    for w in idle:
+      w.close()
+
+
+_WORKERS = _WorkerPool()
+atexit.register(_WORKERS.close)
