@@ -16,6 +16,7 @@ from tiny.backend import BinaryOps, DType, Kernel, PtrDType, Renderer, TernaryOp
   to_function_name
 
 from tiny_clang.heuristics import cpu_hand_coded_optimizations
+from tiny_clang.conv_padding import pads_conv_input
 from tiny_clang.matmul_panels import panel_width
 from tiny_clang.renderer import _loop_structure, _only_through, host_simd_bytes, host_simd_registers
 
@@ -112,6 +113,10 @@ class LLVMRenderer(Renderer):
   def matmul_panel(self, m: int, k: int, n: int, dtype: DType) -> int:
     """Pack b into panels of two vectors of columns for large products (tiny_clang.matmul_panels)."""
     return panel_width(self.simd_bytes, m, k, n, dtype)
+
+  def pads_conv_input(self, padded_spatial: Tuple[int, ...], dtype: DType) -> bool:
+    """Copy large padded conv inputs into a zero-padded buffer (tiny_clang.conv_padding)."""
+    return pads_conv_input(self.simd_bytes, padded_spatial, dtype)
 
   def render(self, name: str, uops: List[UOp]) -> str:
     return _Builder(to_function_name(name), list(uops)).build()

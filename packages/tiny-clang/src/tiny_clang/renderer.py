@@ -24,6 +24,7 @@ from typing import Any, Callable, Dict, FrozenSet, List, Optional, Set, Tuple, c
 from tiny.backend import BinaryOps, CStyleLanguage, DType, Kernel, PtrDType, RenderError, TernaryOps, UnaryOps, UOp, UOps, dtypes
 
 from tiny_clang.heuristics import cpu_hand_coded_optimizations
+from tiny_clang.conv_padding import pads_conv_input
 from tiny_clang.matmul_panels import panel_width
 from tiny_clang.vmath import exp2_source, log2_source
 
@@ -179,6 +180,10 @@ class ClangRenderer(CStyleLanguage):
   def matmul_panel(self, m: int, k: int, n: int, dtype: DType) -> int:
     """Pack b into panels of two vectors of columns for large products (tiny_clang.matmul_panels)."""
     return panel_width(self.simd_bytes, m, k, n, dtype)
+
+  def pads_conv_input(self, padded_spatial: Tuple[int, ...], dtype: DType) -> bool:
+    """Copy large padded conv inputs into a zero-padded buffer (tiny_clang.conv_padding)."""
+    return pads_conv_input(self.simd_bytes, padded_spatial, dtype)
 
   # *** types ***
 

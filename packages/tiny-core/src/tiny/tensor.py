@@ -1678,10 +1678,25 @@ class Tensor:
     if groups == 1 and all(s == 1 for s in make_pair(stride, len(HW))) and all(d == 1 for d in make_pair(dilation, len(HW))) and \
         all(isinstance(k, int) for k in HW) and all(0 <= p <= cast(int, HW[len(HW) - 1 - i // 2]) - 1 for i, p in enumerate(padding_)):
       # the common case gets a direct backward (see function.Conv)
-      ret = F.Conv.apply(self, weight, padding=tuple(padding_), acc_dtype=_to_dtype(acc_dtype) if acc_dtype is not None else None)
+      x = self
+      if any(padding_) and self._pads_conv_input(padding_):
+        x, padding_ = self.pad2d(padding_).contiguous(), [0] * len(padding_)
+      ret = F.Conv.apply(x, weight, padding=tuple(padding_), acc_dtype=_to_dtype(acc_dtype) if acc_dtype is not None else None)
     else:
       ret = self._conv_composed(weight, groups, stride, dilation, padding_, acc_dtype)
     return ret if bias is None else ret.add(bias.reshape(1, -1, *[1] * len(HW)))
+
+  def _pads_conv_input(self, padding: Sequence[int]) -> bool:
+    """Whether the device's renderer wants this input copied into a zero-padded buffer (`Renderer.pads_conv_input`)."""
+    if not isinstance(self.lazydata, LazyBuffer) or not all_int(self.shape):
+      return False
+    try:
+      renderer = Device.renderer(self.device)
+    except Exception:  # a device without a code generator (DISK, NPY) computes nothing itself
+      return False
+    spatial = self.shape[2:]
+    padded = tuple(cast(int, s) + padding[2 * (len(spatial) - 1 - i)] + padding[2 * (len(spatial) - 1 - i) + 1] for i, s in enumerate(spatial))
+    return renderer.pads_conv_input(padded, self.dtype)
 
   def _conv_composed(self, weight: Tensor, groups: int = 1, stride: Union[int, Tuple[int, ...]] = 1, dilation: Union[int, Tuple[int, ...]] = 1,
                      padding: Sequence[int] = (), acc_dtype: Optional[DTypeLike] = None) -> Tensor:

@@ -270,6 +270,15 @@ class Renderer:
     product's O(m*k*n). GPU-like targets tile through local memory instead and keep the default."""
     return 0
 
+  def pads_conv_input(self, padded_spatial: Tuple[int, ...], dtype: DType) -> bool:
+    """True when `Tensor.conv2d` should copy a padded input into a zero-padded buffer before the conv; False: read it
+    through the padded view.
+
+    Through the view every input read near an edge is masked; on a loop-based target whose kernels load whole vectors
+    of pixels each masked load checks its lanes and falls back to a gather, which costs more than one extra copy of
+    the input when the image is large. The default reads the view."""
+    return False
+
   def render(self, name: str, uops: List[UOp]) -> str:
     """Source code for the kernel `name` from its linearized uops."""
     raise NotImplementedError(f"{type(self).__name__} does not implement render")
