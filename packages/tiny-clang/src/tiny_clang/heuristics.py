@@ -208,6 +208,11 @@ def matvec_strip(k: Kernel) -> bool:
   width = next((v * lanes for v in (regs // 2, regs // 4) if v > 2 and n % (v * lanes) == 0), None)
   if width is None:
     return False
+  return _upcast_strip(k, axis, width)
+
+
+def _upcast_strip(k: Kernel, axis: int, width: int) -> bool:
+  """Upcast `axis` by width in steps of at most 16; True when anything was upcast (an opt that does not apply stops it)."""
   try:
     for step in _upcast_steps(width, 16) or []:
       k.apply_opt(Opt(OptOps.UPCAST, axis, step))
@@ -237,12 +242,7 @@ def column_reduce(k: Kernel) -> bool:
   width = next((w for w in (vecs * lanes, 8 * lanes, 4 * lanes, 2 * lanes, lanes, 8, 4) if k.full_shape[axis] % w == 0), None)
   if width is None:
     return False
-  try:
-    for step in _upcast_steps(width, 16) or []:
-      k.apply_opt(Opt(OptOps.UPCAST, axis, step))
-  except KernelOptError:
-    return bool(k.upcasted)
-  return True
+  return _upcast_strip(k, axis, width)
 
 
 def _window_axis(k: Kernel, rows: List[int], r: int, x: Tuple[Any, ...]) -> Optional[int]:
