@@ -14,7 +14,7 @@ import math
 import string
 import time
 from contextlib import ContextDecorator
-from typing import Any, Callable, ClassVar, Dict, Iterator, List, Optional, Sequence, Set, Tuple, Type, Union, cast
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Dict, Iterator, List, Optional, Sequence, Set, Tuple, Type, Union, cast
 
 import numpy as np
 
@@ -25,6 +25,9 @@ from tiny.lazy import LazyBuffer
 from tiny.ops import MetaOps
 from tiny.registry import Device
 from tiny.shape.symbolic import MulNode, Node, NumNode, SumNode, Variable, sint, sym_infer
+
+if TYPE_CHECKING:
+  from tiny.renderer import Renderer
 
 DTypeLike = Union[str, DType]
 TRACEMETA = ContextVar("TRACEMETA", 1)
@@ -1686,13 +1689,19 @@ class Tensor:
       ret = self._conv_composed(weight, groups, stride, dilation, padding_, acc_dtype)
     return ret if bias is None else ret.add(bias.reshape(1, -1, *[1] * len(HW)))
 
+  def _renderer(self) -> Optional[Renderer]:
+    """The renderer of this tensor's device, for the layout hooks dot and conv2d ask; None for a multi-device tensor, a
+    symbolic shape, or a device without a code generator (DISK, NPY), which computes nothing itself."""
+    if not isinstance(self.lazydata, LazyBuffer) or not all_int(self.shape):
+      return None
+    try:
+      return Device.renderer(self.device)
+    except Exception:  # noqa: BLE001 - a plugin's failure to build a renderer only means no layout hint
+      return None
+
   def _pads_conv_input(self, padding: Sequence[int]) -> bool:
     """Whether the device's renderer wants this input copied into a zero-padded buffer (`Renderer.pads_conv_input`)."""
-    if not isinstance(self.lazydata, LazyBuffer) or not all_int(self.shape):
-      return False
-    try:
-      renderer = Device.renderer(self.device)
-    except Exception:  # a device without a code generator (DISK, NPY) computes nothing itself
+    if (renderer := self._renderer()) is None:
       return False
     spatial = self.shape[2:]
     padded = tuple(cast(int, s) + padding[2 * (len(spatial) - 1 - i)] + padding[2 * (len(spatial) - 1 - i) + 1] for i, s in enumerate(spatial))
@@ -1746,12 +1755,8 @@ class Tensor:
 
   def _matmul_panel(self, w: Tensor) -> int:
     """The panel width the device's renderer asks for self @ w (2-D w), 0 when it packs nothing."""
-    if not isinstance(self.lazydata, LazyBuffer) or not isinstance(w.lazydata, LazyBuffer) or self.device != w.device or \
-        self.dtype != w.dtype or not all_int(self.shape + w.shape):
-      return 0
-    try:
-      renderer = Device.renderer(self.device)
-    except Exception:  # a device without a code generator (DISK, NPY) computes nothing itself
+    if not isinstance(w.lazydata, LazyBuffer) or self.device != w.device or self.dtype != w.dtype or not all_int(w.shape) or \
+        (renderer := self._renderer()) is None:
       return 0
     m, (k, n) = prod(cast(Tuple[int, ...], self.shape[:-1])), cast(Tuple[int, int], w.shape)
     width = renderer.matmul_panel(m, k, n, self.dtype)
