@@ -387,17 +387,6 @@ class Kernel:
       return
     axis = opt.real_axis(self)
     check(axis < self.shape_len, f"invalid axis {opt.axis} for {opt.op} (real axis {axis}, {self.shape_len} dims)")
-    if opt.op is OptOps.BLOCK:
-      # cache blocking for loop-based targets: the inner amt of a global axis becomes the innermost global loop, so the
-      # loops between (another output axis) run once per block instead of once per whole axis
-      amt = opt.amt
-      check(isinstance(amt, int) and amt > 1, f"BLOCK needs an int amount > 1, got {amt}")
-      check(axis < self.global_dims, "BLOCK splits a global axis")
-      check(not self.tensor_core, "can't block with tensor cores")
-      check(isinstance(self.full_shape[axis], int) and self.full_shape[axis] % cast(int, amt) == 0 and self.full_shape[axis] > cast(int, amt),
-            f"axis {axis} of size {self.full_shape[axis]} is not a multiple of BLOCK {amt}")
-      self.shift_to(axis, cast(int, amt), insert_before=self.global_dims)
-      return
     if opt.amt is not None and opt.amt != 0:
       amt = opt.amt
       check(isinstance(amt, int) and amt > 1, f"amount must be an int > 1, got {amt}")
@@ -439,6 +428,13 @@ class Kernel:
       check(amt <= 16, "don't upcast more than 16")
       self.shift_to(axis, amt, insert_before=None)
       self.upcasted += 1
+    elif opt.op is OptOps.BLOCK:
+      # cache blocking for loop-based targets: the inner amt of a global axis becomes the innermost global loop, so the
+      # loops between (another output axis) run once per block instead of once per whole axis
+      check(axis < self.global_dims, "BLOCK splits a global axis")
+      check(not self.tensor_core, "can't block with tensor cores")
+      check(self.full_shape[axis] > amt, f"BLOCK {amt} must be smaller than axis {axis} of size {self.full_shape[axis]}")
+      self.shift_to(axis, amt, insert_before=self.global_dims)
     elif opt.op is OptOps.UPCASTMID:
       check(any(isinstance(b.dtype, ImageDType) for b in self.bufs) and self.group_for_reduces != 0 and self.first_reduce <= 2,
             "UPCASTMID is only for image kernels with a grouped reduce")
