@@ -182,7 +182,7 @@ class LazyBuffer:
     return self.base.realized is None and self.base.op is MetaOps.CONST
 
   def is_unrealized_unmasked_const(self) -> bool:
-    return self.is_unrealized_const() and all(v.mask is None for v in self.st.views)
+    return _unmasked_const(self)
 
   # *** creation ***
 

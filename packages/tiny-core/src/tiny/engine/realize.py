@@ -512,17 +512,7 @@ def realize_eager(lb: LazyBuffer) -> bool:
   runner, idx = _runner_for(dname, ast)
   # from here on it is scheduled, as _scheduled does it: the output stops holding its graph
   del out.srcs
-  rawbufs = [bufs[i] for i in idx]
-  for b in rawbufs:
-    if not hasattr(b, "_buf"):
-      b.allocate()
-  et = runner(rawbufs, {})
-  GlobalCounters.kernel_count += 1
-  GlobalCounters.global_ops += sym_infer(runner.op_estimate, {})
-  GlobalCounters.global_mem += sym_infer(runner.mem_estimate, {})
-  if et is not None:
-    GlobalCounters.time_sum_s += et
-  runner.first_run = False
+  ExecItem(runner, [bufs[i] for i in idx]).run()
   return True
 
 
