@@ -14,7 +14,7 @@ past it; the panel loop runs once per block, not once per row tile. Measured on 
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Optional, Tuple
 
 from tiny.backend import DType, Kernel, KernelOptError, Opt, OptOps, ReduceOps, dtypes
 
@@ -38,10 +38,6 @@ def panel_width(simd_bytes: int, m: int, k: int, n: int, dtype: DType) -> int:
   return width
 
 
-def _strides(st: Any) -> Tuple[Any, ...]:
-  return tuple(st.real_strides())
-
-
 def _panel_axes(k: Kernel) -> Optional[Tuple[int, int, int]]:
   """(last row axis, panel axis, reduce axis) when k reads b as packed panels (n // w, k, w) and a broadcasts along them."""
   if k.reduceop is None or k.upcasted or k.reduceop.op is not ReduceOps.SUM or not all(isinstance(s, int) for s in k.full_shape):
@@ -50,7 +46,7 @@ def _panel_axes(k: Kernel) -> Optional[Tuple[int, int, int]]:
   if panel < 1 or k.first_upcast != red + 1 or len(k.bufs) != 3:
     return None
   shape = k.full_shape
-  out, x, y = (_strides(st) for st in k.sts[:3])
+  out, x, y = (st.real_strides() for st in k.sts[:3])
   width = shape[lane]
   for vec, other in ((x, y), (y, x)):
     if vec[lane] == 1 and vec[red] == width and vec[panel] == width * shape[red] and all(vec[a] == 0 for a in range(panel)) and \
@@ -59,13 +55,12 @@ def _panel_axes(k: Kernel) -> Optional[Tuple[int, int, int]]:
   return None
 
 
-def panel_tile(k: Kernel) -> bool:
-  """Tile a product that reads packed panels (see the module doc); True when applied, False leaves k untouched."""
+def panel_tile(k: Kernel, lanes: int, regs: int) -> bool:
+  """Tile a product that reads packed panels (see the module doc) for `regs` vector registers of `lanes` lanes of the
+  output dtype (tiny_clang.heuristics.simd_lanes / simd_registers); True when applied, False leaves k untouched."""
   if (axes := _panel_axes(k)) is None:
     return False
   rows_axis, panel, red = axes
-  regs = int(getattr(k.opts, "simd_registers", 0)) or 16
-  lanes = int(getattr(k.opts, "simd_bytes", 0)) // k.bufs[0].dtype.itemsize
   width = k.full_shape[panel + 1]
   vecs = max(1, width // max(lanes, 1))
   m = k.full_shape[rows_axis]
