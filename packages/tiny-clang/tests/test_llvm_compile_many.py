@@ -18,6 +18,7 @@ from tiny_clang import compiler as cc_mod  # noqa: E402
 from tiny_clang.compiler import LLVMCompiler  # noqa: E402
 from tiny_clang.llvmir import lconst  # noqa: E402
 from tiny_clang.runtime import LLVMProgram  # noqa: E402
+from tiny_clang.settings import LLVM_WORKERS  # noqa: E402
 from tiny.dtype import dtypes  # noqa: E402
 
 X = np.arange(16, dtype=np.float32) - 3.5
@@ -67,7 +68,7 @@ def run_kernel(name: str, lib: bytes, x: np.ndarray) -> np.ndarray:
 @pytest.fixture
 def worker_calls(monkeypatch: pytest.MonkeyPatch) -> List[str]:
   """Every source a helper process compiled during the test (helpers allowed even on a one-core machine)."""
-  monkeypatch.setenv("TINY_LLVM_WORKERS", "2")
+  monkeypatch.setattr(LLVM_WORKERS, "value", 2)
   monkeypatch.setattr(cc_mod._WORKERS, "broken", False)
   calls: List[str] = []
   real = cc_mod._LLVMWorker.compile
@@ -121,11 +122,11 @@ def test_a_helper_that_died_is_replaced(worker_calls: List[str]) -> None:
 def test_small_batches_and_no_helpers_compile_in_process(monkeypatch: pytest.MonkeyPatch, worker_calls: List[str]) -> None:
   comp = LLVMCompiler()
   monkeypatch.setattr(cc_mod._WORKERS, "idle", [])
-  monkeypatch.setenv("TINY_LLVM_WORKERS", "0")
+  monkeypatch.setattr(LLVM_WORKERS, "value", 0)
   srcs = [scale_ir(2.0 + i) for i in range(6)]
   libs = comp.compile_many(srcs)
   assert worker_calls == [] and libs == [comp.compile(s) for s in srcs]
-  monkeypatch.setenv("TINY_LLVM_WORKERS", "2")
+  monkeypatch.setattr(LLVM_WORKERS, "value", 2)
   assert comp.compile_many(srcs[:2]) == libs[:2] and worker_calls == [], "two kernels do not pay for a helper's start"
 
 

@@ -20,6 +20,8 @@ from typing import IO, Any, Dict, List, Optional, Sequence, Tuple, cast
 
 from tiny.backend import CompileError, Compiler
 
+from tiny_clang.settings import LLVM_WORKERS
+
 # -ffp-contract=fast lets a*b+c become one FMA (more accurate, twice the matmul throughput); -fopenmp-simd turns on
 # the `#pragma omp simd reduction` the renderer puts on reduction loops (reassociation there and nowhere else)
 DEFAULT_CFLAGS = ["-O2", "-march=native", "-fPIC", "-ffp-contract=fast", "-fno-math-errno", "-fopenmp-simd", "-w"]
@@ -527,8 +529,8 @@ class _WorkerPool:
 
   @property
   def limit(self) -> int:
-    if os.environ.get("TINY_LLVM_WORKERS") is not None:
-      return max(0, int(os.environ["TINY_LLVM_WORKERS"]))
+    if LLVM_WORKERS.value >= 0:
+      return LLVM_WORKERS.value
     # one per core, as many as the engine's compile threads, so that no batch waits for a helper or falls back to this
     # process, where it would share llvmlite's lock with the loading of finished kernels
     return max(1, min(4, os.cpu_count() or 1))

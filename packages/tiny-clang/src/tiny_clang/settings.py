@@ -2,6 +2,8 @@
 
 THREADS: how many threads a kernel may use. 0 (default) lets the runtime decide (one core first, every core once a
 kernel proves long enough), 1 never splits a kernel, N > 1 always splits parallel kernels N ways.
+TINY_LLVM_WORKERS: how many helper processes may compile LLVM kernels during precompile. -1 (default) one per core, at
+most 4; 0 compiles every kernel in this process.
 """
 from __future__ import annotations
 
@@ -31,3 +33,4 @@ class Setting:
 
 
 THREADS = Setting("THREADS", 0)
+LLVM_WORKERS = Setting("TINY_LLVM_WORKERS", -1)
