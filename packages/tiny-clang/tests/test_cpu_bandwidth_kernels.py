@@ -19,7 +19,7 @@ from tiny.engine.schedule import create_schedule
 from tiny.runtime.ops_python import PythonRenderer
 from tiny.tensor import Tensor
 from tiny.testing.ops_helper import run_kernel_on_python
-from tiny_clang.testing import Avx2LikeRenderer, Avx512LikeRenderer
+from tiny_clang.testing import Avx2LikeRenderer, Avx512LikeRenderer, vector_accumulators
 
 
 def _rand(*shape: int, seed: int) -> np.ndarray:
@@ -51,11 +51,6 @@ def _row_max(rows: int, cols: int, renderer: PythonRenderer, seed: int = 0) -> T
   return k, inputs, an.max(-1)
 
 
-def _vector_accs(k: Kernel) -> List[int]:
-  assert k.uops is not None
-  return [u.dtype.count for u in k.uops.uops if u.op.name == "DEFINE_ACC" and u.dtype is not None and u.dtype.count > 1]
-
-
 # *** x @ W, one row of x ***
 
 def test_avx2_matvec_strip_is_8_vectors() -> None:
@@ -63,7 +58,7 @@ def test_avx2_matvec_strip_is_8_vectors() -> None:
   k, _, _ = _matvec(768, 3072, Avx2LikeRenderer())
   assert k.applied_opts == [Opt(OptOps.UPCAST, 0, 16), Opt(OptOps.UPCAST, 0, 4)], k.applied_opts
   k.linearize()
-  assert _vector_accs(k) == [8] * 8, _vector_accs(k)
+  assert vector_accumulators(k) == [8] * 8, vector_accumulators(k)
 
 
 def test_avx2_matvec_strip_narrows_to_what_divides() -> None:
@@ -119,7 +114,7 @@ def test_avx2_row_max_takes_4_rows() -> None:
   k, _, _ = _row_max(256, 512, Avx2LikeRenderer())
   assert k.applied_opts == [Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.UNROLL, 0, 8)], k.applied_opts
   k.linearize()
-  assert _vector_accs(k) == [8] * 4, _vector_accs(k)
+  assert vector_accumulators(k) == [8] * 4, vector_accumulators(k)
 
 
 def test_avx512_row_max_is_unchanged() -> None:

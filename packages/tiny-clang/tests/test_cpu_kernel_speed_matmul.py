@@ -18,7 +18,7 @@ from tiny.engine.schedule import create_schedule
 from tiny.runtime.ops_python import PythonRenderer
 from tiny.tensor import Tensor
 from tiny.testing.ops_helper import run_kernel_on_python
-from tiny_clang.testing import Avx2LikeRenderer, Avx512LikeRenderer
+from tiny_clang.testing import Avx2LikeRenderer, Avx512LikeRenderer, vector_accumulators
 
 
 def _rand(*shape: int, seed: int) -> np.ndarray:
@@ -33,11 +33,6 @@ def _matmul_kernel(m: int, kk: int, n: int, renderer: PythonRenderer, seed: int 
   # (the inputs have different sizes whenever m != n, which every caller keeps)
   inputs = [an if si.bufs[i].nbytes == an.nbytes else bn for i in (1, 2)]
   return Kernel(si.ast, opts=renderer).hand_coded_optimizations(), inputs, an @ bn
-
-
-def _vector_accs(k: Kernel) -> List[int]:
-  assert k.uops is not None
-  return [u.dtype.count for u in k.uops.uops if u.op.name == "DEFINE_ACC" and u.dtype is not None and u.dtype.count > 1]
 
 
 def test_avx2_matmul_tile_is_4_rows_by_2_vectors() -> None:
@@ -58,7 +53,7 @@ def test_avx2_matmul_accumulators_fit_half_the_registers(m: int, kk: int, n: int
   """The AVX2 tile holds 8 full-width vector accumulators (16 registers: half for accumulators) and is exact."""
   k, inputs, ref = _matmul_kernel(m, kk, n, Avx2LikeRenderer(), seed=m + kk)
   got = run_kernel_on_python(k, inputs, (m, n)).reshape(m, n)
-  assert _vector_accs(k) == [8] * 8, _vector_accs(k)
+  assert vector_accumulators(k) == [8] * 8, vector_accumulators(k)
   np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
 
 

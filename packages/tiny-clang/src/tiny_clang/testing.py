@@ -6,6 +6,8 @@ against numpy.
 """
 from __future__ import annotations
 
+from typing import List
+
 from tiny.backend import Kernel, PythonRenderer
 
 from tiny_clang.heuristics import cpu_hand_coded_optimizations
@@ -30,3 +32,9 @@ class Avx512LikeRenderer(Avx2LikeRenderer):
 
   simd_bytes = 64
   simd_registers = 32
+
+
+def vector_accumulators(k: Kernel) -> List[int]:
+  """The lane count of each vector accumulator (DEFINE_ACC wider than one lane) of the linearized kernel k."""
+  assert k.uops is not None, "linearize the kernel first"
+  return [u.dtype.count for u in k.uops.uops if u.op.name == "DEFINE_ACC" and u.dtype is not None and u.dtype.count > 1]
