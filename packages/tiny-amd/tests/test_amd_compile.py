@@ -164,6 +164,16 @@ def test_launch_bounds_match_the_launch(programs: Dict[str, List[Any]]) -> None:
     assert f"amdgpu_flat_work_group_size(1, {threads})" in p.src, p.name
 
 
+def test_compiling_leaves_nothing_in_tmpdir(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+  """clang's HIP driver leaves a scratch folder behind per stdin compile; a long session must not fill /tmp with them."""
+  import tempfile
+  monkeypatch.setenv("TMPDIR", str(tmp_path))
+  monkeypatch.setattr(tempfile, "tempdir", None)   # tempfile caches the folder it found first
+  prg = make_program(op_suite_asts(["reduce_sum"])["reduce_sum"][0], HIPRenderer("gfx1100"), "hand")
+  assert elf_target(HIPCompiler("gfx1100").compile(prg.src)) == 0x41
+  assert list(tmp_path.iterdir()) == []
+
+
 def test_compile_errors_show_source_and_log() -> None:
   with pytest.raises(CompileError) as e:
     HIPCompiler("gfx1100").compile('extern "C" __attribute__((global)) void k(float* a) { a[0] = undefined_thing; }')

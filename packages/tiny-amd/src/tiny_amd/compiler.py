@@ -74,7 +74,10 @@ class HIPCompiler(Compiler):
     with tempfile.TemporaryDirectory(prefix="tiny_amd_") as tmp:
       out = os.path.join(tmp, "kernel.co")
       try:
-        r = subprocess.run(clang_args(self.clang, self.arch, out), input=src.encode(), capture_output=True, timeout=300, check=False)
+        # clang's HIP driver makes a scratch folder per stdin compile in TMPDIR and never removes it: keep it inside ours
+        env = {**os.environ, "TMPDIR": tmp, "TMP": tmp, "TEMP": tmp}
+        r = subprocess.run(clang_args(self.clang, self.arch, out), input=src.encode(), capture_output=True, timeout=300, check=False,
+                           env=env)
       except subprocess.TimeoutExpired as e:
         raise CompileError(f"clang ({self.arch}) took longer than {e.timeout}s", src) from e
       if r.returncode != 0 or not os.path.exists(out):
