@@ -112,6 +112,14 @@ def test_tensor_index_default_reads_zero():
   np.testing.assert_array_equal(t[Tensor(idx)].numpy(), np.where(valid, x[np.where(valid, idx, 0)], 0))
 
 
+@pytest.mark.parametrize("npdt", [np.int8, np.int16])
+def test_negative_narrow_index_into_a_longer_axis(npdt):
+  # -1 + 40000 does not fit an int16: the wrap of a negative index must not be computed in the index's own dtype
+  x = np.random.default_rng(0).standard_normal((40000, 2)).astype(np.float32)
+  idx = np.array([-1, -128, 5, 127], dtype=npdt)
+  np.testing.assert_array_equal(Tensor(x)[Tensor(idx)].numpy(), x[idx])
+
+
 def test_gather_one_hot_setitem_default_give_zero():
   x, t, tt = _data((3, 4))
   idx = np.array([[0, 3, 1, 2], [-1, 0, 2, 1]])

@@ -1075,6 +1075,8 @@ class Tensor:
     x = x.reshape(rest_shape[:q] + (1,) * nb + rest_shape[q:] + tuple(sizes))
     mask: Optional[Tensor] = None
     for j, ((_, idx), n) in enumerate(zip(tensor_dims, sizes)):
+      if idx.dtype.itemsize < 4:
+        idx = idx.cast(dtypes.int32)   # idx + n of a negative int16 index overflows for n past its range
       idx = (idx < 0).where(idx + n, idx)
       idx = idx.reshape((1,) * q + _pad_left(idx.shape, big)[0] + (1,) * (nr - q) + (1,) * nk)
       ar = Tensor.arange(cast(int, n), device=self.device, requires_grad=False).reshape((1,) * (q + nb + nr - q + j) + (n,) + (1,) * (nk - j - 1))
