@@ -330,8 +330,9 @@ class LazyBuffer:
       return self.const(folded, new_shape)
     # a (padded, windowed) constant is not split: its sum folds to a count in codegen (loop collapse), so the long
     # reduction costs nothing and splitting it would only add a kernel (arange is such a sum)
+    # nor is a one-hot select over positions (a gather): codegen folds its sum to one read (index collapse)
     if not SPLIT_REDUCEOP or not all_int(self.shape) or 0 in self.shape or self.is_unrealized_const() or \
-        prod(self.shape) // prod(new_shape) < getenv("REDUCEOP_SPLIT_THRESHOLD", 32768):
+        prod(self.shape) // prod(new_shape) < getenv("REDUCEOP_SPLIT_THRESHOLD", 32768) or (op is ReduceOps.SUM and _selects_by_position(self, axis)):
       return self._reduce_op(op, axis)
     # few outputs and a long reduction: reduce a split-off factor of one axis first (as a global dim of the
     # first kernel), then reduce that factor in a second kernel. The factor goes first: the partial results keep
@@ -376,6 +377,28 @@ class LazyBuffer:
 
   def stride(self, arg: Tuple[int, ...]) -> LazyBuffer:
     return self._view(self.st.stride(arg))
+
+
+def _selects_by_position(x: LazyBuffer, axis: Tuple[int, ...]) -> bool:
+  """x is elementwise on a comparison with a position (an arange) that varies along one of `axis`: `where(idx ==
+  arange(n), w, 0)` summed over n reads one element of w (see the index collapse of codegen)."""
+  todo: List[Tuple[LazyBuffer, ShapeTracker]] = [(x.base, x.st)]
+  for _ in range(16):
+    if not todo:
+      break
+    b, st = todo.pop()
+    if b.realized is not None or not isinstance(b.op, (UnaryOps, BinaryOps, TernaryOps)):
+      continue
+    for v in b.srcs:
+      vst = v.st + st   # v's base as x's elements read it
+      if b.op is BinaryOps.CMPNE:
+        p, pst = v, vst
+        while p.base.op is UnaryOps.CAST and p.base.realized is None:
+          p, pst = p.base.srcs[0], p.base.srcs[0].st + pst
+        if p.base.op is MetaOps.ARANGE and any(s != 0 for i, s in enumerate(pst.real_strides()) if i in axis):
+          return True
+      todo.append((v.base, vst))
+  return False
 
 
 def _unmasked_const(x: LazyBuffer) -> bool:

@@ -48,13 +48,15 @@ class ReduceOps(Enum):
 class BufferOps(Enum):
   """Leaves and roots of a kernel AST: memory access through a ShapeTracker."""
 
-  LOAD = auto(); CONST = auto(); STORE = auto()  # noqa: E702
+  LOAD = auto(); CONST = auto(); STORE = auto(); ARANGE = auto()  # noqa: E702
 
 
 class MetaOps(Enum):
   """Schedule-level ops that are not arithmetic."""
 
   EMPTY = auto(); CONST = auto(); COPY = auto(); CONTIGUOUS = auto(); CUSTOM = auto(); ASSIGN = auto(); VIEW = auto(); KERNEL = auto()  # noqa: E702
+  # the values 0..n-1 of a 1-D base, never stored: a kernel computes each from its position, like a constant
+  ARANGE = auto()
 
 
 Op = Union[UnaryOps, BinaryOps, ReduceOps, MetaOps, TernaryOps, BufferOps]
@@ -93,6 +95,17 @@ class ConstBuffer:
 
   def __hash__(self) -> int:
     return hash(self._key())
+
+
+@dataclass(frozen=True)
+class ArangeBuffer:
+  """The positions 0..n-1 of a 1-D base of n elements, read through a ShapeTracker (0 where the view is masked).
+
+  A kernel computes each value from its index instead of loading it, so an index comparison like `idx == arange(n)`
+  stays visible to codegen (a gather's one-hot sum over n folds to one load)."""
+
+  dtype: DType
+  st: ShapeTracker
 
 
 @dataclass(frozen=True)
@@ -369,8 +382,9 @@ def verify_lazyop(ast: LazyOp) -> Dict[LazyOp, ShapeTracker]:
         raise InvalidLazyOpError(f"reduce axes {op.arg} out of range for shape {shp}")
       st = ShapeTracker.from_shape(tuple(1 if i in op.arg else s for i, s in enumerate(shp)))
     elif op.op in BufferOps:
-      if not isinstance(op.arg, (MemBuffer, ConstBuffer)):
-        raise InvalidLazyOpError(f"{op.op} needs a MemBuffer/ConstBuffer arg, got {op.arg!r}")
+      if not isinstance(op.arg, (MemBuffer, ConstBuffer, ArangeBuffer)) or \
+          isinstance(op.arg, ArangeBuffer) != (op.op is BufferOps.ARANGE):
+        raise InvalidLazyOpError(f"{op.op} needs a MemBuffer/ConstBuffer (ARANGE: an ArangeBuffer) arg, got {op.arg!r}")
       st = op.arg.st
       if op.op is BufferOps.STORE:
         if len(op.src) != 1:
@@ -429,7 +443,7 @@ def get_lazyop_info(ast: LazyOp) -> FlopCounter:
       ret = FlopCounter((), sum(s.consume_flops() for s in srcs), {k: v for s in srcs for k, v in s.mem.items()})
     elif op.op is BufferOps.LOAD:
       ret = FlopCounter(op.arg.st.shape, 0, {op.arg.idx: op.arg.dtype.itemsize * op.arg.st.real_size()})
-    elif op.op is BufferOps.CONST:
+    elif op.op in (BufferOps.CONST, BufferOps.ARANGE):
       ret = FlopCounter(op.arg.st.shape, 0, {})
     elif op.op is BufferOps.STORE:
       s = srcs[0]

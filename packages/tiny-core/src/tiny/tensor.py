@@ -557,17 +557,18 @@ class Tensor:
     dtype = _to_dtype(kwargs.pop("dtype", dtypes.default_float if any(isinstance(x, float) for x in (start, stop, step)) else dtypes.default_int))
     if (n := max(0, math.ceil((stop - start) / step))) == 0:
       return Tensor.zeros(0, dtype=dtype, **kwargs)
-    # the one-stage cumsum of a constant: its window sum over a padded constant folds to a count (the loop-collapse
-    # rule), so it is one O(n) kernel however long the range, where the two-stage cumsum of long axes took two kernels
-    if dtypes.is_float(dtype):
-      # start + i * step as numpy has it, in at least float32: summing the steps in a 16-bit float rounds at every
-      # step (bfloat16 arange(0, 300, 37) gave 223 for 222), and a float sum drifts from i * step for steps like 0.1
-      work = dtypes.float64 if dtype == dtypes.float64 else dtypes.float32
-      idx = Tensor.full((n,), 1, dtype=dtypes.int64 if n >= 2 ** 31 else dtypes.int32, **kwargs)._cumsum() - 1
-      return (idx.cast(work) * step + start).cast(dtype)
-    # unsigned and narrow int ranges are built in a wide signed type: (start - step) may be negative
-    work = dtypes.int64 if max(abs(start), abs(stop)) + abs(step) >= 2 ** 31 else dtypes.int32
-    return (Tensor.full((n,), step, dtype=work, **kwargs)._cumsum() + (start - step)).cast(dtype)
+    if n < 2 ** 31:
+      # positions computed where they are read (no kernel of their own), so `idx == arange(n)` in a gather stays visible
+      # to codegen, which folds the one-hot sum over n to one load
+      pos = Tensor._metaop(MetaOps.ARANGE, (n,), dtype=dtypes.int32, **kwargs)
+    else:
+      # past int32 positions: the one-stage cumsum of a constant (its window sum over a padded constant folds to a count)
+      pos = Tensor.full((n,), 1, dtype=dtypes.int64, **kwargs)._cumsum() - 1
+    # start + i * step as numpy has it, in at least float32: a 16-bit float rounds i * step itself, and a running float
+    # sum drifts from it for steps like 0.1; int ranges in a wide signed type, as unsigned or narrow ones may overflow
+    work = dtypes.float64 if dtype == dtypes.float64 else dtypes.float32 if dtypes.is_float(dtype) else \
+      dtypes.int64 if max(abs(start), abs(stop)) + abs(step) >= 2 ** 31 else dtypes.int32
+    return (pos.cast(work) * step + start).cast(dtype)
 
   @staticmethod
   def linspace(start: Union[int, float], stop: Union[int, float], steps: int, **kwargs: Any) -> Tensor:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence,
 
 from tiny.dtype import ImageDType
 from tiny.helpers import DEBUG, TC_OPT, USE_TC, all_int, ansilen, colored, dedup, prod, round_up, to_function_name
-from tiny.ops import UNSAFE_PAD_OPS, BinaryOps, BufferOps, ConstBuffer, KernelInfo, LazyOp, MemBuffer, MetaOps, ReduceOps, UnaryOps, \
+from tiny.ops import UNSAFE_PAD_OPS, ArangeBuffer, BinaryOps, BufferOps, ConstBuffer, KernelInfo, LazyOp, MemBuffer, MetaOps, ReduceOps, UnaryOps, \
   get_lazyop_info, verify_lazyop
 from tiny.shape.shapetracker import ShapeTracker
 from tiny.codegen.uopgraph import UOpGraph
@@ -126,7 +126,7 @@ class Kernel:
     self.opts: Renderer = opts
     self.reduceops = dedup([x for x in self.ast.lazyops if x.op in ReduceOps])
     self.outbufs: List[MemBuffer] = [x.arg for x in self.ast.src]
-    self.bufs: List[Union[MemBuffer, ConstBuffer]] = dedup([x.arg for x in self.ast.lazyops if x.op in BufferOps])
+    self.bufs: List[Union[MemBuffer, ConstBuffer, ArangeBuffer]] = dedup([x.arg for x in self.ast.lazyops if x.op in BufferOps])
     earlybufs = [x.arg for r in self.reduceops for x in r.lazyops if x.op in BufferOps]
     self.full_buf_index: int = self.bufs.index(earlybufs[0]) if earlybufs else 0
     # one ShapeTracker per buffer, then one per reduce (its output shape) so reduce axes survive reshapes
@@ -615,7 +615,7 @@ class Kernel:
     while the kernel has 1024 or more outputs. With skip_consts a constant's broadcast does not count as reuse (a device
     whose vector width that upcast would cut says so). A heuristic step, for core's and a device's heuristics."""
     upcasted_axis = set()
-    reuse = [i for i in range(len(self.sts)) if not (skip_consts and i < len(self.bufs) and isinstance(self.bufs[i], ConstBuffer))]
+    reuse = [i for i in range(len(self.sts)) if not (skip_consts and i < len(self.bufs) and isinstance(self.bufs[i], (ConstBuffer, ArangeBuffer)))]
     while _size_hint(self.sts[0].shape[:self.first_reduce]) >= 1024:
       xb_choices = []
       for axis, upcast_amount in itertools.product(range(self.first_reduce), [3, 4]):

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, ca
 
 from tiny.dtype import DType, PtrDType, dtypes
 from tiny.helpers import prod
-from tiny.ops import BinaryOps, BufferOps, ConstBuffer, KernelInfo, LazyOp, MemBuffer, MetaOps, ReduceOps, TernaryOps, UnaryOps
+from tiny.ops import ArangeBuffer, BinaryOps, BufferOps, ConstBuffer, KernelInfo, LazyOp, MemBuffer, MetaOps, ReduceOps, TernaryOps, UnaryOps
 from tiny.codegen.uops import UOp, UOps
 from tiny.shape.symbolic import AndNode, DivNode, LtNode, ModNode, MulNode, NumNode, SumNode, Variable
 
@@ -219,6 +219,12 @@ class Lowerer:
       c = UOp.const(cb.dtype, val) if isinstance(val, (int, float, bool)) else sym_to_uop(val).cast(cb.dtype) if cb.dtype != IDX \
         else sym_to_uop(val)
       return c if valid.op is UOps.CONST and valid.arg is True else valid.where(c, UOp.const(cb.dtype, 0))
+    if x.op is BufferOps.ARANGE:
+      ab: ArangeBuffer = x.arg
+      # the value is the position in the 1-D base: the index a load from it would use
+      pos, ok = self.render_st(ab.st, idxs)
+      at = pos if ab.dtype == IDX else pos.cast(ab.dtype)
+      return at if ok.op is UOps.CONST and ok.arg is True else ok.where(at, UOp.const(ab.dtype, 0))
     if x.op is BufferOps.LOAD:
       mb: MemBuffer = x.arg
       idx, valid = self.render_st(mb.st, idxs)

@@ -1,5 +1,5 @@
 """Folding rules on the uop graph: constants, algebraic identities, index div/mod, value ranges, and the reduce
-simplifications (loop collapse, accumulator folding). `constant_folder` is the matcher every pass folds with."""
+simplifications (loop collapse, index collapse, accumulator folding). `constant_folder` is the matcher every pass folds with."""
 from __future__ import annotations
 
 import functools
@@ -8,7 +8,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 from tiny.dtype import dtypes
 from tiny.ops import BinaryOps, TernaryOps, UnaryOps, exec_alu
-from tiny.codegen.uops import UOp, UOps, UPat, PatternMatcher, uop_const_value
+from tiny.codegen.uops import UOp, UOps, UPat, PatternMatcher, graph_substitute, uop_const_value
 
 INT_DTYPES = frozenset({dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64, dtypes.uint8, dtypes.uint16, dtypes.uint32, dtypes.uint64})
 
@@ -262,6 +262,58 @@ def _loop_collapse(red: UOp) -> Optional[UOp]:
   return None
 
 
+def _conjuncts(cond: UOp) -> List[UOp]:
+  if cond.op is UOps.ALU and cond.arg is BinaryOps.AND:
+    return _conjuncts(cond.src[0]) + _conjuncts(cond.src[1])
+  return [cond]
+
+
+def _equal_to_range(c: UOp, r: UOp) -> Optional[UOp]:
+  """e when c is `a != b` with a - b == ±(r - e) and e independent of r (a split reduce compares r + 1733*g), else None."""
+  if c.op is not UOps.ALU or c.arg is not BinaryOps.CMPNE or not is_int(c.src[0]):
+    return None
+  la, lb = _linear_in(c.src[0], r), _linear_in(c.src[1], r)
+  if la is None or lb is None or abs(la[0] - lb[0]) != 1:
+    return None
+  # a - b = k*r + (ra - rb) = 0  <=>  r = -(ra - rb) / k
+  return lb[1] - la[1] if la[0] - lb[0] == 1 else la[1] - lb[1]
+
+
+def _index_collapse(red: UOp) -> Optional[UOp]:
+  """sum over r of where(r == e, x(r), 0) with e independent of r -> where(e in r's range, x(e), 0): the one-hot sum
+  that a gather (`x[idx]`, compared with an arange) lowers to reads one element instead of all of r's range.
+
+  x is read at e clamped into the range, so an out-of-range e reads a valid address and gives 0, as the sum did."""
+  if red.arg is not BinaryOps.ADD or red.dtype is None:
+    return None
+  val, ranges = red.src[0], list(red.src[1:])
+  if val.op is not UOps.ALU or val.arg is not TernaryOps.WHERE:
+    return None
+  for r in ranges:
+    e: Optional[UOp] = None
+    if uop_const_value(val.src[2]) == 0:
+      # where(c1 & (r == e) & c2, x, 0)
+      conds, x = _conjuncts(val.src[0]), val.src[1]
+      for i, c in enumerate(conds):
+        if c.op is UOps.ALU and c.arg is BinaryOps.CMPNE and uop_const_value(c.src[1]) is True and \
+            (e := _equal_to_range(c.src[0], r)) is not None:
+          rest = conds[:i] + conds[i + 1:]
+          break
+    elif uop_const_value(val.src[1]) == 0:
+      # where(r != e, 0, x)
+      x, rest = val.src[2], []
+      e = _equal_to_range(val.src[0], r)
+    if e is None:
+      continue
+    lo, hi = r.src[0], r.src[1]
+    at = graph_substitute(x, {r: e.max(lo).min(hi - 1)})
+    inside = functools.reduce(lambda a, b: a & b, [graph_substitute(c, {r: e}) for c in rest], e.lt(lo).ne(True) & e.lt(hi))
+    new_val = inside.where(at, val.src[1] if uop_const_value(val.src[1]) == 0 else val.src[2])
+    others = [q for q in ranges if q is not r]
+    return UOp(UOps.REDUCE, red.dtype, (new_val, *others), red.arg) if others else new_val
+  return None
+
+
 def _range_size(rs: Sequence[UOp]) -> UOp:
   return functools.reduce(lambda a, b: a * b, [r.src[1] - r.src[0] for r in rs])
 
@@ -295,6 +347,7 @@ reduce_rules: List[Tuple[UPat, Callable[..., Optional[UOp]]]] = [
    if any(x.op is not UOps.RANGE for x in red.src[1:]) else None),
   (UPat(UOps.REDUCE, name="red", src=(UPat.var(),)), lambda red: red.src[0]),
   (UPat(UOps.REDUCE, name="red"), _loop_collapse),
+  (UPat(UOps.REDUCE, name="red"), _index_collapse),
   (UPat(UOps.REDUCE, name="red"), _acc_fold),
 ]
 

@@ -25,7 +25,7 @@ from tiny.dtype import ImageDType
 from tiny.engine import graph_viz
 from tiny.helpers import DEBUG, MULTIOUTPUT, Metadata, all_int, dedup, getenv, merge_dicts, prod
 from tiny.lazy import LazyBuffer
-from tiny.ops import UNSAFE_PAD_OPS, BinaryOps, BufferOps, ConstBuffer, LazyOp, MemBuffer, MetaOps, ReduceOps, TernaryOps, UnaryOps
+from tiny.ops import UNSAFE_PAD_OPS, ArangeBuffer, BinaryOps, BufferOps, ConstBuffer, LazyOp, MemBuffer, MetaOps, ReduceOps, TernaryOps, UnaryOps
 from tiny.registry import Device
 from tiny.shape.shapetracker import ShapeTracker
 from tiny.shape.symbolic import Variable
@@ -124,6 +124,9 @@ def _recursive_lazyop(buf: LazyBuffer, st: ShapeTracker, outputs: Tuple[LazyBuff
       if buf not in inputs:
         inputs.append(buf)
       ret = _lop(BufferOps.LOAD, (), MemBuffer(len(outputs) + inputs.index(buf), buf.dtype, unbound))
+  elif buf.op is MetaOps.ARANGE:
+    # computed in place from each position, like a constant (stored only when it is itself the output)
+    ret = _lop(BufferOps.ARANGE, (), ArangeBuffer(buf.dtype, _unbind(st, var_vals)))
   elif buf.op in (MetaOps.CONTIGUOUS, MetaOps.ASSIGN):
     # elementwise no-ops whose only job is to be the realized output
     assert buf in outputs, f"{buf.op} must be a kernel output"
@@ -188,7 +191,7 @@ def _recurse_lb(buf: LazyBuffer, realizes: Dict[LazyBuffer, None], allbufs: Dict
           prod(buf.base.st.shape) >= prod([y - x for x, y in views[-1].mask]):
         # a pad (or shrink+pad) reading no more than the base holds: fusable if the ops below are pad-safe
         simple_pads[buf.base] = None
-      elif prod(buf.base.st.shape) < prod(buf.st.shape):
+      elif prod(buf.base.st.shape) < prod(buf.st.shape) and buf.base.op is not MetaOps.ARANGE:
         # an expand: compute the base once instead of once per broadcast element
         if not (buf.base.op is UnaryOps.CAST and isinstance(buf.base.srcs[0].dtype, ImageDType) and isinstance(buf.base.arg, ImageDType)):
           if expanded is not None and all(v.mask is None for v in views) and all_int(buf.st.shape):
@@ -200,7 +203,7 @@ def _recurse_lb(buf: LazyBuffer, realizes: Dict[LazyBuffer, None], allbufs: Dict
       stack.append(buf.base)
       continue
     allbufs[buf] = None
-    if buf.forced_realize or buf.op in MetaOps:
+    if buf.forced_realize or (buf.op in MetaOps and buf.op is not MetaOps.ARANGE):
       realizes[buf] = None
     if buf.op is MetaOps.ASSIGN:
       target = buf.srcs[1]
@@ -241,7 +244,7 @@ def _recompute_from(b: LazyBuffer, realizes: Dict[LazyBuffer, None], assign_targ
       if p in assign_targets:
         return None
       continue
-    if p.op is MetaOps.CONST or (p is not b and p in realizes):
+    if p.op in (MetaOps.CONST, MetaOps.ARANGE) or (p is not b and p in realizes):
       continue
     if p is not b and _stored_by_its_reduce(p):
       # p = f(a reduce, realized inputs): the reduce needs a kernel anyway, which then stores p, and the reads recompute
@@ -267,7 +270,7 @@ def _stored_by_its_reduce(p: LazyBuffer) -> bool:
       continue   # an assigned buffer's old contents too: p's kernel is ordered before the assign, as any reader's
     if xb.op in ReduceOps and x.st.contiguous and xb.size == p.size:
       reduces += 1
-    elif xb.op is not MetaOps.CONST:
+    elif xb.op not in (MetaOps.CONST, MetaOps.ARANGE):
       return False
   return reduces == 1
 
