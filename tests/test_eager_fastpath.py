@@ -55,6 +55,10 @@ OPS: Dict[str, Tuple[Callable[[Tensor, Tensor], Tensor], Callable[[np.ndarray, n
   "where": (lambda x, y: (x < y).where(x, y * 2), lambda a, b: np.where(a < b, a, b * 2)),
   "sum": (lambda x, y: (x * y).sum(1), lambda a, b: (a * b).sum(1)),
   "cast": (lambda x, y: (x * 3).cast(dtypes.int32), lambda a, b: (a * 3).astype(np.int32)),
+  "arange": (lambda x, y: x - Tensor.arange(30, device=x.device).reshape(5, 6).cast(dtypes.float32),
+             lambda a, b: a - np.arange(30, dtype=np.float32).reshape(5, 6)),
+  "arange step": (lambda x, y: y * Tensor.arange(3, 63, 2, device=x.device).reshape(6, 5).T,
+                  lambda a, b: b * np.arange(3, 63, 2).reshape(6, 5).T.astype(np.float32)),
 }
 
 

@@ -579,7 +579,7 @@ def _eager_graph(out: LazyBuffer) -> Optional[Tuple[Tuple[Any, ...], List[LazyBu
   """(structural key, realized bases read in first-read order, computed bases and constants) of out's graph, or None
   when it is not one kernel with out as its only realized buffer.
 
-  out must be an unrealized elementwise op or reduce whose sources are realized buffers, constants, or elementwise ops
+  out must be an unrealized elementwise op or reduce whose sources are realized buffers, constants, aranges, or elementwise ops
   (not forced to realize, of out's device, not images) read whole and unmasked, recursively. The key lists every node
   (op, arg, dtype, tracker) and every read (which node, buffer or constant, through which tracker), numbered in visit
   order, so two graphs with one key have the same kernel AST with the same buffers in the same places: it replaces
@@ -605,6 +605,9 @@ def _eager_graph(out: LazyBuffer) -> Optional[Tuple[Tuple[Any, ...], List[LazyBu
       if xb.op is MetaOps.CONST:
         key.append((-2, _arg_key(xb.arg), xb.dtype, x.st))
         nodes.append(xb)   # for the metadata only
+        continue
+      if xb.op is MetaOps.ARANGE and xb.device == out.device:
+        key.append((-3, xb.shape, xb.dtype, x.st))   # positions, computed in the kernel like a constant
         continue
       # an intermediate is read whole and unmasked (a pad would need its safety check, an expand the recompute weighing)
       if x is not xb and (x.size != xb.size or any(v.mask is not None for v in x.st.views)):
