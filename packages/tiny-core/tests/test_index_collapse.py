@@ -162,6 +162,16 @@ def test_out_of_range_index_on_the_python_device() -> None:
   np.testing.assert_array_equal(out, np.stack([w[1], np.zeros(3), np.zeros(3), w[3]]))
 
 
+@pytest.mark.parametrize("rows", [[1, 3], [4, -5, 9]])
+def test_small_gathers_with_vector_loads(rows: List[int]) -> None:
+  # a folded read's address is a ternary (index in range ? index : start): the C renderers must keep it in parentheses
+  # inside pointer arithmetic (`data+c?i:0` is `(data+c)?i:0`, a wild pointer)
+  x = np.arange(20, dtype=np.float32).reshape(5, 4)
+  want = np.stack([x[r] if -5 <= r < 5 else np.zeros(4, np.float32) for r in rows])
+  np.testing.assert_array_equal(Tensor(x)[Tensor(rows)].numpy(), want)
+  np.testing.assert_array_equal(Tensor(x.T.copy())[:, Tensor(rows)].numpy(), want.T)
+
+
 def test_two_index_tensors_and_a_slice() -> None:
   x = np.random.default_rng(3).standard_normal((300, 7, 400)).astype(np.float32)
   i, j = np.array([[0, 299], [-1, 17]]), np.array([[399, 0], [5, -400]])

@@ -39,6 +39,12 @@ def _base(dt: DType) -> DType:
   return base if base is not None else dt
 
 
+def _offset(idx: str) -> str:
+  """idx as the right operand of `ptr+`: loads and stores get it with its outer parentheses stripped, which is only safe
+  for operators that bind tighter than + (a data-dependent index may be a ternary or a bitwise and)."""
+  return f"({idx})" if any(c in idx for c in "?&|^<>=!") else idx
+
+
 class CStyleLanguage(Renderer):
   """Renders linearized uops as a C-like kernel; subclasses set the spellings of their language."""
 
@@ -148,21 +154,21 @@ class CStyleLanguage(Renderer):
     """Expression reading output_dtype (a vector reads that many consecutive elements) at buf_name[idx]."""
     elem = _base(buf_dtype)
     if self.uses_vload and _scalar(elem) == dtypes.float16 and _scalar(output_dtype) != dtypes.float16:
-      return f"vload_half{'' if output_dtype.count == 1 else str(output_dtype.count)}(0, {buf_name}+{idx})"
+      return f"vload_half{'' if output_dtype.count == 1 else str(output_dtype.count)}(0, {buf_name}+{_offset(idx)})"
     if output_dtype.count > 1:
       prefix = self.smem_prefix if local and self.smem_prefix_for_cast else self.buffer_prefix
-      return f"(*(({prefix}{self.render_dtype(output_dtype)}*)({buf_name}+{idx})))"
-    return f"(*({buf_name}+{idx}))" if self.uses_ptr_arithmetic else f"{buf_name}[{idx}]"
+      return f"(*(({prefix}{self.render_dtype(output_dtype)}*)({buf_name}+{_offset(idx)})))"
+    return f"(*({buf_name}+{_offset(idx)}))" if self.uses_ptr_arithmetic else f"{buf_name}[{idx}]"
 
   def render_store(self, buf_name: str, buf_dtype: DType, var_name: str, var_dtype: DType, idx: str, local: bool = False) -> str:
     """Statement writing var_name (scalar or vector) to buf_name at idx."""
     elem = _base(buf_dtype)
     if self.uses_vload and _scalar(elem) == dtypes.float16 and _scalar(var_dtype) != dtypes.float16:
-      return f"vstore_half{'' if var_dtype.count == 1 else str(var_dtype.count)}({var_name}, 0, {buf_name}+{idx});"
+      return f"vstore_half{'' if var_dtype.count == 1 else str(var_dtype.count)}({var_name}, 0, {buf_name}+{_offset(idx)});"
     if var_dtype.count > 1:
       prefix = self.smem_prefix if local and self.smem_prefix_for_cast else self.buffer_prefix
-      return f"*(({prefix}{self.render_dtype(var_dtype)}*)({buf_name}+{idx})) = {var_name};"
-    return f"*({buf_name}+{idx}) = {var_name};" if self.uses_ptr_arithmetic else f"{buf_name}[{idx}] = {var_name};"
+      return f"*(({prefix}{self.render_dtype(var_dtype)}*)({buf_name}+{_offset(idx)})) = {var_name};"
+    return f"*({buf_name}+{_offset(idx)}) = {var_name};" if self.uses_ptr_arithmetic else f"{buf_name}[{idx}] = {var_name};"
 
   def render_local(self, name: str, dtype: DType, size: int) -> str:
     """Declaration of a shared-memory array."""
