@@ -92,6 +92,17 @@ def test_other_conditions_are_kept_at_the_matching_element() -> None:
       assert evaluate(out, {"e": ev, "h": hv}) == sum(rv + 100 for rv in range(10) if rv == ev and rv < hv)
 
 
+@pytest.mark.parametrize("wide", [dtypes.int64, dtypes.uint32])
+def test_a_position_widened_to_the_index_dtype(wide: Any) -> None:
+  # an int64 (or uint32) index compares with the int32 position cast up; r - 3 wraps in uint32 and still matches e + 3
+  e = var("e", 0, 20)
+  r = rng(12)
+  val = (r + (-3)).cast(wide).ne(e.cast(wide)).ne(True).where(r * 5, UOp.const(I32, 0))
+  out = fold(UOp(UOps.REDUCE, I32, (val, r), BinaryOps.ADD))
+  for ev in range(21):
+    assert evaluate(out, {"e": ev}) == ((ev + 3) * 5 if ev + 3 < 12 else 0), ev
+
+
 def test_a_max_or_a_multiple_of_r_is_left_alone() -> None:
   e = var("e", 0, 20)
   r = rng(10)
@@ -136,16 +147,33 @@ def test_embedding_gather_is_one_kernel_without_a_vocabulary_loop() -> None:
   idx = np.array([[0, 1, vocab - 1, 4242], [-1, -vocab, 7, 50000]], dtype=np.int32)
   ks = _kernels(Tensor(w)[Tensor(idx)])
   assert len(ks) == 1, "the gather should neither split its reduce nor give arange a kernel"
-  assert all(end < vocab for end in _loop_ends(ks[0])), "the one-hot sum over the vocabulary should fold to one read"
+  assert all(end <= dim for end in _loop_ends(ks[0])), "the one-hot sum over the vocabulary should fold to one read"
   np.testing.assert_array_equal(Tensor(w)[Tensor(idx)].numpy(), w[idx])
 
 
-@pytest.mark.parametrize("dtype,npdt", [(dtypes.int64, np.int64), (dtypes.int16, np.int16), (dtypes.uint8, np.uint8)])
+@pytest.mark.parametrize("dtype,npdt", [(dtypes.int64, np.int64), (dtypes.int16, np.int16), (dtypes.uint8, np.uint8),
+                                        (dtypes.uint32, np.uint32)])
 def test_gather_with_other_index_dtypes(dtype: Any, npdt: Any) -> None:
   w = np.random.default_rng(1).standard_normal((40000, 3)).astype(np.float32)
-  idx = np.array([0, 255, 17, 3], dtype=npdt) if npdt is np.uint8 else np.array([0, -1, 39999 if npdt is np.int64 else 32767, -32000],
-                                                                               dtype=npdt)
+  idx = np.array([0, 255, 17, 3], dtype=npdt) if npdt is np.uint8 else np.array([0, 39999, 123, 7], dtype=np.uint32) \
+    if npdt is np.uint32 else np.array([0, -1, 39999 if npdt is np.int64 else 32767, -32000], dtype=npdt)
+  ks = _kernels(Tensor(w)[Tensor(idx, dtype=dtype)])
+  assert len(ks) == 1 and all(end <= 4 for end in _loop_ends(ks[0])), "only the 4 indices and 3 columns are loops"
   np.testing.assert_array_equal(Tensor(w)[Tensor(idx, dtype=dtype)].numpy(), w[idx])
+
+
+def test_the_selected_axis_is_not_unrolled_or_grouped() -> None:
+  from tiny.codegen.kernel import KernelOptError, Opt, OptOps
+  w, idx = Tensor.rand(4096, 3).realize(), Tensor([5, 9], dtype=dtypes.int32).realize()
+  (si,) = _kernels(w[idx])
+  k = get_kernel(Device[Device.DEFAULT].renderer, si.ast).copy()
+  k2 = k.copy()
+  with pytest.raises(KernelOptError, match="unless unrolled"):
+    k.apply_opt(Opt(OptOps.UNROLL, 0, 4))
+  # a sum over an axis no position varies along is free to unroll
+  (si2,) = _kernels(Tensor.rand(4096, 3).realize().sum(0))
+  get_kernel(Device[Device.DEFAULT].renderer, si2.ast).copy().apply_opt(Opt(OptOps.UNROLL, 0, 4))
+  assert k2.compared_positions
 
 
 def test_out_of_range_tensor_indices_read_zero() -> None:

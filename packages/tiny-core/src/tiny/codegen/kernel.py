@@ -111,6 +111,22 @@ class TensorCoreOptions:
         self.axes_exist = tuple(exist)
 
 
+def _compared_positions(reduceops: Sequence[LazyOp]) -> List[ArangeBuffer]:
+  """The ARANGE leaves that a sum compares with (`where(idx == arange(n), x, 0)`, maybe through casts)."""
+  found: List[ArangeBuffer] = []
+  for r in reduceops:
+    if r.op is not ReduceOps.SUM:
+      continue
+    for op in r.src[0].lazyops:
+      if op.op is BinaryOps.CMPNE:
+        for x in op.src:
+          while x.op is UnaryOps.CAST:
+            x = x.src[0]
+          if x.op is BufferOps.ARANGE:
+            found.append(x.arg)
+  return found
+
+
 class Kernel:
   """A kernel being optimized. `Kernel(ast)` with ast a KERNEL LazyOp of STOREs (or the STOREs themselves)."""
 
@@ -127,6 +143,9 @@ class Kernel:
     self.reduceops = dedup([x for x in self.ast.lazyops if x.op in ReduceOps])
     self.outbufs: List[MemBuffer] = [x.arg for x in self.ast.src]
     self.bufs: List[Union[MemBuffer, ConstBuffer, ArangeBuffer]] = dedup([x.arg for x in self.ast.lazyops if x.op in BufferOps])
+    # positions compared inside a sum: along the axes they vary, the sum folds to one read (index collapse) if the axis
+    # stays one loop
+    self.compared_positions: List[int] = dedup([self.bufs.index(a) for a in _compared_positions(self.reduceops)])
     earlybufs = [x.arg for r in self.reduceops for x in r.lazyops if x.op in BufferOps]
     self.full_buf_index: int = self.bufs.index(earlybufs[0]) if earlybufs else 0
     # one ShapeTracker per buffer, then one per reduce (its output shape) so reduce axes survive reshapes
@@ -149,6 +168,13 @@ class Kernel:
     self.uops: Optional[UOpGraph] = None
     self.simplify_ones()
     self.simplify_merge_adjacent()
+
+  def _selects_along(self, axis: int) -> bool:
+    for i in self.compared_positions:
+      strides = self.sts[i].real_strides()
+      if axis < len(strides) and strides[axis] != 0:
+        return True
+    return False
 
   def _reduce_input_shapes(self) -> Dict[LazyOp, Tuple[Any, ...]]:
     shapes: Dict[LazyOp, Tuple[Any, ...]] = {}
@@ -414,6 +440,8 @@ class Kernel:
       check(self.first_reduce + self.group_for_reduces <= axis < self.first_upcast, "must be a reduce axis to group")
       check(not self.tensor_core, "can't group with tensor cores")
       check(not any(r2 in r.lazyops[1:] for r in self.reduceops for r2 in self.reduceops), "can't group nested reduces")
+      check(opt.op is OptOps.GROUPTOP or not self._selects_along(axis), "a sum that selects one element along this axis reads "
+            "it once if the axis stays contiguous (GROUPTOP keeps that, GROUP does not)")
       self.shift_to(axis, amt, top=(opt.op is OptOps.GROUPTOP), insert_before=self.first_reduce + self.group_for_reduces)
       self.group_for_reduces += 1
     elif opt.op is OptOps.UNROLL:
@@ -421,6 +449,7 @@ class Kernel:
       check(axis < self.first_upcast, "can't upcast an upcasted axis")
       check(self.first_reduce + self.group_for_reduces <= axis, "UNROLL is for reduce axes")
       check(amt <= 32, "don't unroll more than 32")
+      check(not self._selects_along(axis), "a sum that selects one element along this axis reads it once unless unrolled")
       self.shift_to(axis, amt, insert_before=None)
       self.upcasted += 1
     elif opt.op is OptOps.UPCAST:

@@ -268,22 +268,32 @@ def _conjuncts(cond: UOp) -> List[UOp]:
   return [cond]
 
 
+def _widened(u: UOp) -> UOp:
+  """u without an int32 -> wider int cast: an index (a position) keeps its value, and equality with a wide e stays exact
+  (for uint32 modulo 2**32, where subtracting the rest from e wraps the same way)."""
+  if u.op is UOps.CAST and u.src[0].dtype == dtypes.int32 and u.dtype in (dtypes.int64, dtypes.uint64, dtypes.uint32):
+    return u.src[0]
+  return u
+
+
 def _equal_to_range(c: UOp, r: UOp) -> Optional[UOp]:
-  """e when c is `a != b` with a - b == ±(r - e) and e independent of r (a split reduce compares r + 1733*g), else None."""
-  if c.op is not UOps.ALU or c.arg is not BinaryOps.CMPNE or not is_int(c.src[0]):
+  """e when c is `a != b` with a - b == ±(r - e) and e independent of r (a split reduce compares r + 1733*g), in the
+  dtype of the comparison, else None."""
+  if c.op is not UOps.ALU or c.arg is not BinaryOps.CMPNE or not is_int(c.src[0]) or (wide := c.src[0].dtype) is None:
     return None
-  la, lb = _linear_in(c.src[0], r), _linear_in(c.src[1], r)
+  la, lb = _linear_in(_widened(c.src[0]), r), _linear_in(_widened(c.src[1]), r)
   if la is None or lb is None or abs(la[0] - lb[0]) != 1:
     return None
+  ra, rb = (x[1] if x[1].dtype == wide else x[1].cast(wide) for x in (la, lb))
   # a - b = k*r + (ra - rb) = 0  <=>  r = -(ra - rb) / k
-  return lb[1] - la[1] if la[0] - lb[0] == 1 else la[1] - lb[1]
+  return rb - ra if la[0] - lb[0] == 1 else ra - rb
 
 
 def _index_collapse(red: UOp) -> Optional[UOp]:
   """sum over r of where(r == e, x(r), 0) with e independent of r -> where(e in r's range, x(e), 0): the one-hot sum
   that a gather (`x[idx]`, compared with an arange) lowers to reads one element instead of all of r's range.
 
-  x is read at e clamped into the range, so an out-of-range e reads a valid address and gives 0, as the sum did."""
+  x reads at r's start where e is out of range, so any e reads a valid address and gives 0, as the sum did."""
   if red.arg is not BinaryOps.ADD or red.dtype is None:
     return None
   val, ranges = red.src[0], list(red.src[1:])
@@ -293,7 +303,7 @@ def _index_collapse(red: UOp) -> Optional[UOp]:
     e: Optional[UOp] = None
     if uop_const_value(val.src[2]) == 0:
       # where(c1 & (r == e) & c2, x, 0)
-      conds, x = _conjuncts(val.src[0]), val.src[1]
+      conds, x, zero = _conjuncts(val.src[0]), val.src[1], val.src[2]
       for i, c in enumerate(conds):
         if c.op is UOps.ALU and c.arg is BinaryOps.CMPNE and uop_const_value(c.src[1]) is True and \
             (e := _equal_to_range(c.src[0], r)) is not None:
@@ -301,14 +311,18 @@ def _index_collapse(red: UOp) -> Optional[UOp]:
           break
     elif uop_const_value(val.src[1]) == 0:
       # where(r != e, 0, x)
-      x, rest = val.src[2], []
+      x, zero, rest = val.src[2], val.src[1], []
       e = _equal_to_range(val.src[0], r)
-    if e is None:
+    if e is None or e.dtype is None:
       continue
     lo, hi = r.src[0], r.src[1]
-    at = graph_substitute(x, {r: e.max(lo).min(hi - 1)})
-    inside = functools.reduce(lambda a, b: a & b, [graph_substitute(c, {r: e}) for c in rest], e.lt(lo).ne(True) & e.lt(hi))
-    new_val = inside.where(at, val.src[1] if uop_const_value(val.src[1]) == 0 else val.src[2])
+    if e.dtype != r.dtype:
+      lo, hi = lo.cast(e.dtype), hi.cast(e.dtype)
+    inside = e.lt(hi) if dtypes.is_unsigned(e.dtype) and uop_const_value(lo) == 0 else e.lt(lo).ne(True) & e.lt(hi)
+    at = inside.where(e, lo)
+    at = at if at.dtype == r.dtype or r.dtype is None else at.cast(r.dtype)
+    inside = functools.reduce(lambda a, b: a & b, [graph_substitute(c, {r: at}) for c in rest], inside)
+    new_val = inside.where(graph_substitute(x, {r: at}), zero)
     others = [q for q in ranges if q is not r]
     return UOp(UOps.REDUCE, red.dtype, (new_val, *others), red.arg) if others else new_val
   return None
