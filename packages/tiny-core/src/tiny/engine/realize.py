@@ -18,7 +18,7 @@ from tiny import plugins
 from tiny.codegen.kernel import Kernel
 from tiny.device import Buffer, Compiled, Compiler
 from tiny.engine import graph_viz
-from tiny.engine.schedule import ScheduleItem, eager_kernel
+from tiny.engine.schedule import ScheduleItem, cached_schedule, eager_kernel
 from tiny.helpers import BEAM, CAPTURING, DEBUG, NOOPT, GlobalCounters, Metadata, ansilen, colored, getenv, progress_bar, to_function_name
 from tiny.lazy import LazyBuffer
 from tiny.ops import LazyOp, MetaOps
@@ -290,7 +290,7 @@ def precompile(schedule: List[ScheduleItem]) -> int:
   `compile_many` builds a whole batch with one process. Only compilers that declare `parallel_compile` take part, and
   never under BEAM (the search compiles and times candidates itself). A kernel that fails to optimize, render or
   compile here is left out: lowering it later raises the error in order."""
-  if len(schedule) < 2 or BEAM >= 1 or getenv("PARALLEL_COMPILE", 1) == 0:
+  if len(schedule) < 2 or BEAM >= 1 or _runners_ready(schedule) or getenv("PARALLEL_COMPILE", 1) == 0:
     return 0
   todo: Dict[_CacheKey, Tuple[str, LazyOp, _CacheKey]] = {}
   for si in schedule:
@@ -401,10 +401,10 @@ def _debug_line(ei: ExecItem, et: Optional[float], op_est: float, mem_est: float
 
 
 # (device, ast, BEAM, NOOPT) -> (the device's renderer, plugin generation, runner, which of the item's buffers each kernel
-# argument is). In front of method_cache for kernels run again and again (eager loops): it skips the renderer's cache key,
-# which is rebuilt from the renderer's attributes on every get_runner. A renderer is never changed in place, so the same
-# renderer object (and no plugin change) means the same key there.
-_runners: Dict[Tuple[str, LazyOp, int, int], Tuple[Renderer, Tuple[int, int], CompiledRunner, Tuple[int, ...]]] = {}
+# argument is, the runner's method_cache key). In front of method_cache for kernels run again and again (eager loops): it
+# skips the renderer's cache key, which is rebuilt from the renderer's attributes on every get_runner. A renderer is never
+# changed in place, so the same renderer object (and no plugin change) means the same key there.
+_runners: Dict[Tuple[str, LazyOp, int, int], Tuple[Renderer, Tuple[int, int], CompiledRunner, Tuple[int, ...], _CacheKey]] = {}
 _runners_gen: Tuple[int, int] = (-1, -1)
 
 
@@ -420,8 +420,23 @@ def _runner_for(dname: str, ast: LazyOp) -> Tuple[CompiledRunner, Tuple[int, ...
   runner = get_runner(dname, ast)
   if len(_runners) >= 1 << 14:
     _runners.clear()
-  _runners[key] = (renderer, gen, runner, idx := tuple(g[0] if isinstance(g, tuple) else g for g in runner.p.globals))
+  idx = tuple(g[0] if isinstance(g, tuple) else g for g in runner.p.globals)
+  _runners[key] = (renderer, gen, runner, idx, _cache_keys(dname, ast)[0])
   return runner, idx
+
+
+def _runners_ready(schedule: List[ScheduleItem]) -> bool:
+  """Every kernel of schedule was run before and is still in method_cache: nothing to compile, and precompile need not
+  build each kernel's method_cache key (_runners has it, so the renderer's cache key is not rebuilt)."""
+  if plugins.generation() != _runners_gen:
+    return False
+  beam, noopt = BEAM.value, NOOPT.value
+  for si in schedule:
+    if si.ast.op is MetaOps.KERNEL and si.bufs:
+      dname = si.bufs[0].device
+      if (ent := _runners.get((dname, si.ast, beam, noopt))) is None or ent[0] is not _device(dname).renderer or ent[4] not in method_cache:
+        return False
+  return True
 
 
 def lower_schedule_item(si: ScheduleItem) -> ExecItem:
@@ -493,15 +508,16 @@ realize_lock = threading.RLock()
 
 
 def realize_eager(lb: LazyBuffer) -> bool:
-  """Compute lb right away when it is an eager op whose graph structure was scheduled before (see schedule.eager_kernel):
-  the cached kernel runs on the buffers, with no ScheduleItem, memory plan or ExecItem built in between. Returns False,
-  having done nothing, where the full path must run: a new structure, a JIT capturing, DEBUG>=2 or GRAPH output, inputs
-  on another device. Call it holding realize_lock, as Tensor.realize does."""
+  """Compute lb right away when its graph structure was scheduled before: an eager op's one kernel (see
+  schedule.eager_kernel) runs on the buffers, with no ScheduleItem, memory plan or ExecItem built in between; a graph
+  of several kernels runs its cached schedule (see schedule.cached_schedule). Returns False, having done nothing, where
+  the full path must run: a new structure, a JIT capturing, DEBUG>=2 or GRAPH output, inputs on another device. Call it
+  holding realize_lock, as Tensor.realize does."""
   if len(capturing) or DEBUG >= 2 or graph_viz.GRAPH:
     return False
   out = lb.base
   if (hit := eager_kernel(out)) is None:
-    return False
+    return _run_cached_schedule(lb)
   ast, inputs = hit
   dname = out.device
   bufs = [out.buffer]
@@ -513,6 +529,16 @@ def realize_eager(lb: LazyBuffer) -> bool:
   # from here on it is scheduled, as _scheduled does it: the output stops holding its graph
   del out.srcs
   ExecItem(runner, [bufs[i] for i in idx]).run()
+  return True
+
+
+def _run_cached_schedule(lb: LazyBuffer) -> bool:
+  """Run lb's cached schedule, if there is one, as run_schedule would (its kernels ran before: nothing to precompile)."""
+  if (hit := cached_schedule([lb])) is None:
+    return False
+  schedule, var_vals = hit
+  for si in schedule:
+    lower_schedule_item(si).run(var_vals)
   return True
 
 

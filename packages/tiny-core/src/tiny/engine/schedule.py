@@ -631,6 +631,175 @@ def _lower_alone(out: LazyBuffer) -> _PreItem:
   return _lower_group([out], {out: None}, {out: out} if out.op in ReduceOps else {})
 
 
+# **************** the schedule cache: multi-kernel graphs of a structure seen before ****************
+
+@dataclass(frozen=True)
+class _CachedItem:
+  """One item of a cached schedule, its LazyBuffers given by their number in the graph's walk (see _graph_structure)."""
+
+  ast: LazyOp
+  outputs: Tuple[int, ...]    # the bases it computes (they are marked scheduled)
+  bufs: Tuple[int, ...]       # the bases whose Buffers the ScheduleItem holds, outputs first, empty ones left out
+  metadata: Tuple[int, ...]   # bases whose metadata the item shows
+
+
+@dataclass(frozen=True)
+class _CachedSchedule:
+  """A schedule by structure: the items in run order, the symbolic values (the key holds the bound value of any
+  Variable, so they are the same for every graph of the key), and whether the memory planner can share anything."""
+
+  items: Tuple[_CachedItem, ...]
+  var_vals: Dict[Variable, int]
+  plan: bool
+
+
+_schedules: Dict[Tuple[Any, ...], _CachedSchedule] = {}
+# bounds on what the cache holds: entries, and bases over all keys (a key costs a few hundred bytes a base). Only small
+# graphs are cached: eager code repeats them, while a big graph realized again and again belongs in a TinyJit, and a big
+# one whose structure changes every call (a new symbolic value each step) would fill the cache with keys of no use.
+_SCHEDULES_MAX = 1 << 12
+_SCHEDULES_MAX_BASES = 1 << 16
+_GRAPH_MAX_BASES = 256
+_schedules_bases = 0
+
+
+@dataclass
+class ScheduleCacheStats:
+  """How often the scheduler took a schedule from the cache (hits), and how many it stored (stores)."""
+
+  hits: int = 0
+  stores: int = 0
+
+
+schedule_cache_stats = ScheduleCacheStats()
+
+# a graph holding one of these is scheduled in full every time: a custom op's function, an EMPTY's fresh buffer and a
+# VIEW's buffer made when the LazyBuffer is built are more than the structure says
+_UNCACHED_OPS = (MetaOps.CUSTOM, MetaOps.EMPTY, MetaOps.VIEW)
+
+_Structure = Tuple[Tuple[Any, ...], List[LazyBuffer]]
+
+
+def _graph_structure(outs: Sequence[LazyBuffer]) -> Optional[_Structure]:
+  """(structural key, bases in walk order) of the graph of outs, or None when its schedule must not be cached.
+
+  The walk numbers every base it reaches from outs (stopping at realized ones, as _recurse_lb does) and every view
+  object, in an order fixed by the structure. The key records, for each base, whether it is realized and its dtype,
+  device and tracker, and for a computed one also its op, arg, forced_realize and sources (which base, through which
+  view object: the scheduler tells views apart by identity). Everything _graph_schedule decides from is there, so a
+  graph with an equal key gets the same kernels on the bases of the same numbers. Bound Variables compare by value,
+  so they are part of the key too. An assign whose target was read by a lazy result outside the graph (which the
+  scheduler pulls in, see pending_stale_readers) is not cached."""
+  ids: Dict[LazyBuffer, int] = {}
+  views: Dict[LazyBuffer, int] = {}
+  nodes: List[LazyBuffer] = []
+
+  def ref(x: LazyBuffer) -> Any:
+    xb = x._base if x._base is not None else x
+    if (n := ids.get(xb)) is None:
+      n = ids[xb] = len(nodes)
+      nodes.append(xb)
+    if xb is x:
+      return n
+    if (v := views.get(x)) is None:
+      v = views[x] = len(views)
+      return (n, v, x.st, x.dtype)
+    return (n, v)
+
+  key: List[Any] = [MULTIOUTPUT.value, tuple(ref(o) for o in outs)]
+  assigns: List[LazyBuffer] = []
+  i = 0
+  while i < len(nodes):
+    if i >= _GRAPH_MAX_BASES:
+      return None
+    b = nodes[i]
+    i += 1
+    if not hasattr(b, "srcs"):   # realized (a scheduled base drops its sources)
+      key.append((b.dtype, b.device, b.st))
+      continue
+    if b.op in _UNCACHED_OPS:
+      return None
+    if b.op is MetaOps.ASSIGN:
+      assigns.append(b)
+    key.append((b.op, _arg_key(b.arg), b.dtype, b.device, b.st, b.forced_realize, tuple(ref(x) for x in b.srcs)))
+  for a in assigns:
+    if any(r not in ids for r in a.pending_stale_readers()):
+      return None
+  return tuple(key), nodes
+
+
+def _cached_schedule(structure: _Structure, seen: Set[LazyBuffer]) -> Optional[Tuple[List[ScheduleItem], Dict[Variable, int], bool]]:
+  """(schedule, var_vals, whether to run the memory planner) from the cache for structure's key, on its bases, which
+  are marked scheduled as _scheduled does; None on a miss."""
+  key, nodes = structure
+  try:
+    hit = _schedules.get(key)
+  except TypeError:   # an unhashable arg somewhere in the graph
+    return None
+  if hit is None:
+    return None
+  schedule: List[ScheduleItem] = []
+  for it in hit.items:
+    for n in it.outputs:
+      o = nodes[n]
+      seen.add(o)
+      del o.srcs
+    metadata = dedup([m for n in it.metadata if (m := nodes[n].metadata) is not None])
+    schedule.append(ScheduleItem(it.ast, tuple(nodes[n].buffer for n in it.bufs), metadata))
+  schedule_cache_stats.hits += 1
+  if DEBUG >= 1 and len(schedule) >= 10:
+    print(f"scheduled {len(schedule)} kernels")
+  return schedule, dict(hit.var_vals), hit.plan
+
+
+def cached_schedule(outs: Sequence[LazyBuffer]) -> Optional[Tuple[List[ScheduleItem], Dict[Variable, int]]]:
+  """create_schedule_with_vars(outs) when the schedule cache has outs' structure (see _graph_structure), with its bases
+  marked scheduled; None, having changed nothing, on a miss (then create_schedule_with_vars must run, which stores it)."""
+  if (structure := _graph_structure(outs)) is None or (hit := _cached_schedule(structure, set())) is None:
+    return None
+  del structure   # the planner tells private buffers by their LazyBuffers being gone
+  schedule, var_vals, plan = hit
+  return (memory_planner(schedule) if plan else schedule), var_vals
+
+
+def _remember_schedule(structure: _Structure, items: List[_PreItem], var_vals: Dict[Variable, int]) -> None:
+  """Store the schedule items (in run order) under structure's key, by the numbers of their bases in the walk."""
+  global _schedules_bases
+  key, nodes = structure
+  index = {b: i for i, b in enumerate(nodes)}
+  first_with: Dict[Metadata, int] = {}
+  for i, b in enumerate(nodes):
+    if b.metadata is not None:
+      first_with.setdefault(b.metadata, i)
+  try:
+    cached = tuple(_CachedItem(ps.ast, tuple(index[o] for o in ps.outputs), tuple(index[x] for x in ps.outputs + ps.inputs if x.size != 0),
+                               tuple(first_with[m] for m in ps.metadata if m in first_with)) for ps in items)
+    if len(_schedules) >= _SCHEDULES_MAX or _schedules_bases + len(nodes) > _SCHEDULES_MAX_BASES:
+      _schedules.clear()
+      _schedules_bases = 0
+    _schedules[key] = _CachedSchedule(cached, dict(var_vals), _may_share(cached))
+    _schedules_bases += len(nodes)
+  except (KeyError, TypeError):   # a buffer from outside the walk (should not happen), or an unhashable arg
+    return
+  schedule_cache_stats.stores += 1
+
+
+def _may_share(items: Tuple[_CachedItem, ...]) -> bool:
+  """Whether two of the buffers these items compute could share memory: only when the spans of items between their
+  first and last use do not all overlap, which (spans on a line) is when one ends before another starts. Inputs are
+  left out: the planner only takes buffers that nothing refers to and that are not allocated, which an input seldom
+  is, and skipping the planner never changes a result, it only may cost memory."""
+  first: Dict[int, int] = {}
+  last: Dict[int, int] = {}
+  computed = {n for it in items for n in it.outputs}
+  for i, it in enumerate(items):
+    for n in it.bufs:
+      if n in computed:
+        first.setdefault(n, i)
+        last[n] = i
+  return bool(first) and max(first.values()) > min(last.values())
+
+
 def _scheduled(ps: _PreItem, seen: Set[LazyBuffer]) -> ScheduleItem:
   """ps as a ScheduleItem; its outputs now count as realized: they drop their sources, which also frees the graph above."""
   for o in ps.outputs:
@@ -682,28 +851,32 @@ def _run_order(graph: DefaultDict[LazyBuffer, List[LazyBuffer]], in_degree: Defa
   return order
 
 
-def _schedule(outs: Sequence[LazyBuffer], seen: Set[LazyBuffer]) -> Tuple[List[ScheduleItem], Dict[Variable, int]]:
+def _schedule(outs: Sequence[LazyBuffer], seen: Set[LazyBuffer]) -> Tuple[List[ScheduleItem], Dict[Variable, int], bool]:
+  """(items in run order, var_vals, whether the memory planner may find buffers to share)."""
   if (flat := _flat_item(outs, seen)) is not None:
-    return [_scheduled(flat, seen)], dict(flat.var_vals)
+    return [_scheduled(flat, seen)], dict(flat.var_vals), False
+  # a graph of a structure scheduled before takes that schedule, on its own buffers (see _graph_structure)
+  structure = _graph_structure(outs) if not seen else None
+  if structure is not None and (hit := _cached_schedule(structure, seen)) is not None:
+    return hit
   graph, in_degree, prescheduled = _graph_schedule(outs, seen)
-  schedule: List[ScheduleItem] = []
-  var_vals: Dict[Variable, int] = {}
-  for key in _run_order(graph, in_degree, list(prescheduled)):
-    ps = prescheduled[key]
-    schedule.append(_scheduled(ps, seen))
-    var_vals = merge_dicts([var_vals, ps.var_vals])
+  items = [prescheduled[key] for key in _run_order(graph, in_degree, list(prescheduled))]
+  var_vals: Dict[Variable, int] = merge_dicts([ps.var_vals for ps in items]) if items else {}
+  if structure is not None:
+    _remember_schedule(structure, items, var_vals)
+  schedule = [_scheduled(ps, seen) for ps in items]
   if DEBUG >= 1 and len(schedule) >= 10:
     print(f"scheduled {len(schedule)} kernels")
-  return schedule, var_vals
+  return schedule, var_vals, True
 
 
 def create_schedule_with_vars(outs: Sequence[LazyBuffer], seen: Optional[Set[LazyBuffer]] = None) -> Tuple[List[ScheduleItem], Dict[Variable, int]]:
   """Schedule the computation of outs: the kernels in run order and the values of the symbolic variables."""
-  schedule, var_vals = _schedule(outs, set() if seen is None else seen)
+  schedule, var_vals, plan = _schedule(outs, set() if seen is None else seen)
   if graph_viz.GRAPH:  # GRAPH=1: draw the schedule graph (tiny/engine/graph_viz.py)
     graph_viz.record_schedule(schedule)
   # _schedule has returned, so the scheduler holds no LazyBuffers: lb_refcount now tells which buffers are private
-  return memory_planner(schedule), var_vals
+  return (memory_planner(schedule) if plan else schedule), var_vals
 
 
 def create_schedule(outs: Sequence[LazyBuffer], seen: Optional[Set[LazyBuffer]] = None) -> List[ScheduleItem]:
