@@ -4,7 +4,7 @@ The decisions are checked on renderers that declare their vector shape (independ
 on the PYTHON device against numpy; the end-to-end products and gradients run on CLANG and LLVM against numpy/torch."""
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import List, Tuple, TypeVar
 
 import numpy as np
 import pytest
@@ -14,8 +14,11 @@ from tiny.dtype import dtypes
 from tiny.engine.schedule import create_schedule
 from tiny.tensor import Tensor
 from tiny.testing.ops_helper import run_kernel_on_python
-from tiny_clang.matmul_panels import panel_width
+from tiny_clang.matmul_panels import block_rows, panel_width
 from tiny_clang.testing import Avx2LikeRenderer, Avx512LikeRenderer
+
+
+T = TypeVar("T", np.ndarray, Tensor)
 
 
 def _rand(*shape: int, seed: int, dtype: type = np.float32) -> np.ndarray:
@@ -46,32 +49,110 @@ def _packed_kernel(m: int, kk: int, n: int, width: int, renderer: object) -> Tup
   return Kernel(si.ast, opts=renderer).hand_coded_optimizations(), inputs, an @ bn
 
 
-def test_avx2_panel_tile() -> None:
-  """AVX2: 16 columns x 4 rows (8 vector accumulators), rows blocked so 512 KB of a's rows stay beside a panel."""
+def test_block_rows() -> None:
+  """AVX2: 2 MB of a's rows per block, at least 256 rows, but 4 blocks per thread and never under 512 KB; 32 registers
+  (AVX-512): 512 KB, as before."""
+  assert block_rows(16, 4, 2048 * 4, 2048, 2) == 256      # 2048², 2 threads: 2 MB
+  assert block_rows(16, 4, 1024 * 4, 1024, 2) == 128      # 1024², 2 threads: 8 blocks of 512 KB
+  assert block_rows(16, 4, 1024 * 4, 4096, 2) == 512      # 4096 x 1024: 2 MB
+  assert block_rows(16, 4, 4096 * 4, 8192, 2) == 256      # k = 4096: the 256-row floor (4 MB)
+  assert block_rows(16, 4, 2048 * 4, 2048, 16) == 64      # 16 threads: 512 KB, as before
+  assert block_rows(32, 8, 2048 * 4, 2048, 2) == 64
+  assert block_rows(32, 8, 1 << 20, 64, 2) == 8           # at least one register tile
+
+
+@pytest.fixture
+def one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+  """The tiling decisions as for one thread, whatever this host has: SLICES_PER_THREAD panels suffice to go outermost."""
+  monkeypatch.setattr("tiny_clang.matmul_panels.num_threads", lambda: 1)
+
+
+def test_avx2_panel_tile(monkeypatch: pytest.MonkeyPatch, one_thread: None) -> None:
+  """AVX2: 16 columns x 4 rows (8 vector accumulators); all rows in one block put the panel loop outermost."""
   k, inputs, ref = _packed_kernel(256, 512, 64, 16, Avx2LikeRenderer())
-  # 512 KB / (512 floats * 4 bytes) = 256 rows per block, capped by m: 256 // 4 = 64 row tiles in one block
-  assert k.applied_opts == [Opt(OptOps.UPCAST, 2, 16), Opt(OptOps.UPCAST, 0, 4)], k.applied_opts
+  assert k.applied_opts == [Opt(OptOps.UPCAST, 2, 16), Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.SWAP, 0, 1)], k.applied_opts
+  # blocks of 8 rows = 2 row tiles
+  monkeypatch.setattr("tiny_clang.matmul_panels.AVX2_MIN_BLOCK_ROWS", 8)
+  monkeypatch.setattr("tiny_clang.matmul_panels.AVX2_BLOCK_BYTES", 8 * 16384 * 4)
   k, inputs, ref = _packed_kernel(32, 16384, 32, 16, Avx2LikeRenderer())
-  # 512 KB / 64 KB per row = 8 rows = 2 row tiles per block
   assert k.applied_opts == [Opt(OptOps.UPCAST, 2, 16), Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.BLOCK, 0, 2)], k.applied_opts
 
 
-def test_avx512_panel_tile() -> None:
-  """AVX-512: 32 columns (two steps of 16) x 8 rows."""
+def test_avx512_panel_tile(one_thread: None) -> None:
+  """AVX-512: 32 columns (two steps of 16) x 8 rows; 2 panels are too few to share out, so row tiles stay outermost."""
   k, _, _ = _packed_kernel(64, 128, 64, 32, Avx512LikeRenderer())
   assert k.applied_opts == [Opt(OptOps.UPCAST, 2, 16), Opt(OptOps.UPCAST, 2, 2), Opt(OptOps.UPCAST, 0, 8)], k.applied_opts
+  k, _, _ = _packed_kernel(64, 128, 128, 32, Avx512LikeRenderer())
+  assert k.applied_opts[-1] == Opt(OptOps.SWAP, 0, 1), k.applied_opts
 
 
-@pytest.mark.parametrize("m, kk, n, width", [(64, 40, 32, 16), (40, 36, 48, 16), (13, 20, 32, 16), (24, 16, 64, 32)])
-def test_panel_kernel_exact_on_python(m: int, kk: int, n: int, width: int, monkeypatch: pytest.MonkeyPatch) -> None:
-  """The tiled packed kernel (blocked or not, odd row counts) computes numpy's product."""
+def test_panels_outermost_only_with_enough_panels(monkeypatch: pytest.MonkeyPatch) -> None:
+  """The panel loop goes outermost only with SLICES_PER_THREAD panels per thread: the threads share out the outer loop."""
+  monkeypatch.setattr("tiny_clang.matmul_panels.num_threads", lambda: 2)
+  k, _, _ = _packed_kernel(64, 128, 128, 16, Avx2LikeRenderer())    # 8 panels: 4 per thread
+  assert k.applied_opts[-1] == Opt(OptOps.SWAP, 0, 1), k.applied_opts
+  k, _, _ = _packed_kernel(64, 128, 64, 16, Avx2LikeRenderer())     # 4 panels
+  assert k.applied_opts == [Opt(OptOps.UPCAST, 2, 16), Opt(OptOps.UPCAST, 0, 4)], k.applied_opts
+
+
+@pytest.mark.parametrize("m, kk, n, width", [(64, 40, 32, 16), (40, 36, 48, 16), (13, 20, 32, 16), (24, 16, 64, 32), (8, 24, 64, 16),
+                                             (12, 20, 96, 16), (13, 20, 64, 16)])
+def test_panel_kernel_exact_on_python(m: int, kk: int, n: int, width: int, monkeypatch: pytest.MonkeyPatch, one_thread: None) -> None:
+  """The tiled packed kernel (blocked, or panels outermost, odd row counts) computes numpy's product."""
   # a block of a's rows this small makes the small products (which PYTHON runs quickly) blocked too
   monkeypatch.setattr("tiny_clang.matmul_panels.BLOCK_BYTES", 8 * kk * 4)
+  monkeypatch.setattr("tiny_clang.matmul_panels.AVX2_BLOCK_BYTES", 8 * kk * 4)
+  monkeypatch.setattr("tiny_clang.matmul_panels.AVX2_MIN_BLOCK_ROWS", 1)
   renderer = Avx2LikeRenderer() if width == 16 else Avx512LikeRenderer()
   k, inputs, ref = _packed_kernel(m, kk, n, width, renderer)
-  assert (Opt(OptOps.BLOCK, 0, 2) in k.applied_opts) == (m % 8 == 0 and m > 8 and width == 16), k.applied_opts
+  blocked = m % 8 == 0 and m > 8 and width == 16
+  assert (Opt(OptOps.BLOCK, 0, 2) in k.applied_opts) == blocked, k.applied_opts
+  # unblocked (8 rows on AVX2 are 2 row tiles of one block), the panels go outermost when there are 4 or more
+  assert (Opt(OptOps.SWAP, 0, 1) in k.applied_opts) == (not blocked and n // width >= 4), k.applied_opts
   got = run_kernel_on_python(k, inputs, (m, n // width, width)).reshape(m, n)
   np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-3)
+
+
+def _copy_src(kk: int, n: int, view: str) -> np.ndarray:
+  """The array that b is a view of: (kk, n) for a plain b, (n, kk) for a transposed one, (kk, n + 24) for a slice."""
+  return _rand(*{"plain": (kk, n), "transposed": (n, kk), "sliced": (kk, n + 24)}[view], seed=kk)
+
+
+def _copy_view(src: T, view: str, n: int) -> T:
+  return {"plain": src, "transposed": src.T, "sliced": src[:, 8:n + 8]}[view]
+
+
+def _copy_kernel(kk: int, n: int, width: int, view: str = "plain") -> Tuple[Kernel, np.ndarray, np.ndarray]:
+  """The optimized copy of b, a (kk, n) view (see _copy_src), into width-column panels; its source array; numpy's panels."""
+  src = _copy_src(kk, n, view)
+  b = _copy_view(Tensor(src, device="PYTHON").realize(), view, n)
+  panels = b.reshape(kk, n // width, width).permute(1, 0, 2).contiguous()
+  si = create_schedule([panels.lazydata])[-1]
+  ref = _copy_view(src, view, n).reshape(kk, n // width, width).transpose(1, 0, 2)
+  renderer = Avx2LikeRenderer() if width == 16 else Avx512LikeRenderer()
+  return Kernel(si.ast, opts=renderer).hand_coded_optimizations(), src, ref
+
+
+def test_panel_copy_tile() -> None:
+  """The copy of a row-major b reads blocks of 8 rows whole, block loop outermost; a transposed b is left alone."""
+  k, _, _ = _copy_kernel(64, 64, 16)
+  assert k.applied_opts == [Opt(OptOps.UPCAST, 2, 16), Opt(OptOps.BLOCK, 1, 8), Opt(OptOps.SWAP, 0, 1)], k.applied_opts
+  k, _, _ = _copy_kernel(20, 128, 32)     # 20 rows: blocks of 4; AVX-512 panels of 32 = two upcasts of 16
+  assert k.applied_opts == [Opt(OptOps.UPCAST, 2, 16), Opt(OptOps.UPCAST, 2, 2), Opt(OptOps.BLOCK, 1, 4), Opt(OptOps.SWAP, 0, 1)], \
+      k.applied_opts
+  k, _, _ = _copy_kernel(32, 64, 16, "sliced")   # a slice of b's columns: rows 88 floats apart, read as pieces of 64
+  assert k.applied_opts == [Opt(OptOps.UPCAST, 2, 16), Opt(OptOps.BLOCK, 1, 8), Opt(OptOps.SWAP, 0, 1)], k.applied_opts
+  k, _, _ = _copy_kernel(64, 64, 16, "transposed")
+  assert Opt(OptOps.BLOCK, 1, 8) not in k.applied_opts, k.applied_opts
+
+
+@pytest.mark.parametrize("kk, n, width, view", [(64, 64, 16, "plain"), (20, 128, 32, "plain"), (18, 48, 16, "plain"), (7, 32, 16, "plain"),
+                                                (24, 64, 16, "transposed"), (36, 32, 16, "sliced")])
+def test_panel_copy_exact_on_python(kk: int, n: int, width: int, view: str) -> None:
+  """The tiled copy (blocks of 8, 4 or 2 rows of b, or none for 7) writes numpy's panels."""
+  k, src, ref = _copy_kernel(kk, n, width, view)
+  got = run_kernel_on_python(k, [src], ref.shape)
+  np.testing.assert_array_equal(got, ref)
 
 
 def test_block_opt_checks_its_axis() -> None:
@@ -87,7 +168,8 @@ def test_block_opt_checks_its_axis() -> None:
 @pytest.mark.parametrize("shape_a, shape_b, dtype", [
   ((256, 128), (128, 256), np.float32),       # packed, one block
   ((3, 48, 256), (256, 96), np.float32),      # batch dims fold into the rows
-  ((37, 300), (300, 512), np.float32),        # odd rows and reduce
+  ((37, 300), (300, 512), np.float32),        # odd rows and reduce (copied in blocks of 4 rows of b)
+  ((64, 129), (129, 512), np.float32),        # a reduce no block of b's rows divides: copied a row at a time
   ((128, 200), (200, 128), np.float64),
   ((256, 128), (128, 250), np.float32),       # n not a multiple of the panel: not packed
 ])
@@ -106,6 +188,28 @@ def test_packed_matmul_of_views(device: str) -> None:
   a, w = Tensor(an, device=device), Tensor(wn, device=device)
   np.testing.assert_allclose((a @ w[:128, 10:266].T).numpy(), an @ wn[:128, 10:266].T, rtol=1e-4, atol=1e-3)
   np.testing.assert_allclose((a @ w.T[:256, :128]).numpy(), an @ wn.T[:256, :128], rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("device", ["CLANG", "LLVM"])
+@pytest.mark.parametrize("seed", range(6))
+def test_packed_matmul_fuzz(device: str, seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+  """Random packed products (odd row counts, batches, b as a transposed or sliced view) under random block sizes, so
+  that blocked, panel-outermost and single-tile kernels all occur: each equals numpy's."""
+  rng = np.random.default_rng(seed)
+  block = int(rng.choice([4, 12, 64, 256]))
+  for name in ("BLOCK_BYTES", "AVX2_BLOCK_BYTES"):
+    monkeypatch.setattr(f"tiny_clang.matmul_panels.{name}", block * 4 * 64)
+  monkeypatch.setattr("tiny_clang.matmul_panels.AVX2_MIN_BLOCK_ROWS", block)
+  for _ in range(3):
+    m, kk, n = int(rng.integers(16, 300)), int(rng.integers(64, 400)), 32 * int(rng.integers(1, 9))
+    batch = (int(rng.integers(1, 4)),) if rng.random() < 0.3 else ()
+    an = _rand(*batch, m, kk, seed=int(rng.integers(1 << 30)))
+    view = rng.choice(["plain", "transposed", "sliced"])
+    src = _rand(n + 3, kk + 5, seed=int(rng.integers(1 << 30))) if view != "plain" else _rand(kk, n, seed=int(rng.integers(1 << 30)))
+    w = Tensor(src, device=device)
+    b, bn = {"plain": (w, src), "transposed": (w[:n, :kk].T, src[:n, :kk].T), "sliced": (w.T[2:kk + 2, 1:n + 1], src.T[2:kk + 2, 1:n + 1])}[view]
+    got = (Tensor(an, device=device) @ b).numpy()
+    np.testing.assert_allclose(got, an @ bn, rtol=1e-4, atol=1e-3, err_msg=f"{batch} {m}x{kk}x{n} {view} block {block}")
 
 
 @pytest.mark.parametrize("device", ["CLANG", "LLVM"])

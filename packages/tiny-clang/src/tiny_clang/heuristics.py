@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any, List, Optional, Sequence, Tuple
 
 from tiny.backend import Kernel, KernelOptError, Opt, OptOps, ReduceOps
-from tiny_clang.matmul_panels import panel_tile
+from tiny_clang.matmul_panels import panel_copy_tile, panel_tile
 
 
 def _all_int(shape: Sequence[Any]) -> bool:
@@ -352,7 +352,7 @@ def cpu_hand_coded_optimizations(k: Kernel) -> bool:
   CPU never falls back to core's generic heuristic, whose GPU-minded choices (locals, grouping) it cannot use anyway."""
   if k.opts.has_local:
     return False   # a loop-based renderer only; a GPU-like one is left to core
-  if panel_tile(k, simd_lanes(k), simd_registers(k)) or matvec_strip(k) or output_strip(k) or column_reduce(k) or dot_tile(k):
+  if panel_tile(k, simd_lanes(k), simd_registers(k)) or panel_copy_tile(k) or matvec_strip(k) or output_strip(k) or column_reduce(k) or dot_tile(k):
     return True
   lanes = simd_lanes(k)
   if lanes > 4 and simd_registers(k) <= 16 and k.reduceop is None:

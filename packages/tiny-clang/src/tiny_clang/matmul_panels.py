@@ -8,21 +8,34 @@ contiguous panels (n // width, k, width) first, and tile the product that reads 
 
   blocks of rows  x  panels  x  rows of the block (a register tile of `rows` x one panel)  x  k
 
-so one panel (k * width floats) stays in L2 while a block of a's rows, small enough to stay in L2 beside it, streams
-past it; the panel loop runs once per block, not once per row tile. Measured on one AVX2 core (process time, 1024² and
-2048²): ~78-86 GFLOP/s against ~25 and ~18 before, and torch's 63-71 in the same session.
+The first row tile of a block pulls the panel (k * width floats) from L3, the others find it in L2, and a's rows stream
+past it: four rows at a time, 16 bytes per reduce step, which the prefetchers keep up with from L3 whether or not the
+block fits in L2. So what a block costs is its panel pulls, and it wants many row tiles, as long as the threads, which
+share out the blocks, get enough of them (see `block_rows`); with all rows in one block the panel loop goes outermost.
+Measured on one AVX2 core (process time, 1024² and 2048²): ~78-86 GFLOP/s against ~25 and ~18 before the packing, and
+torch's 63-71 in the same session.
+
+The copy into panels is tiled too (`panel_copy_tile`): blocks of a few rows of b, read whole, for every panel in turn.
 """
 from __future__ import annotations
 
 from typing import Optional, Tuple
 
 from tiny.backend import DType, Kernel, KernelOptError, Opt, OptOps, ReduceOps, dtypes
+from tiny_clang.pool import SLICES_PER_THREAD, num_threads
 
-# bytes of a's rows that one block keeps in cache beside a panel (about half an L2 of current x86/arm cores; 256 KB to
-# 2 MB measured within noise of each other on 1024² and 2048², 4 MB ~10% slower)
+# bytes of a's rows per block: the least on any CPU (as tuned before on one AVX2 core; AVX-512 / arm64 keep it)
 BLOCK_BYTES = 512 * 1024
+# 16 registers (AVX2): up to 2 MB of a's rows per block, and at least 256 rows (64 row tiles), as long as every thread
+# still gets SLICES_PER_THREAD blocks. A smaller block pulls every panel from L3 more often (Zen 3, tiny's kernels in a
+# C harness, process time, 1 and 2 threads: 2048², 64 rows -> 256 ~1.08-1.13x; 1024 x 4096 x 1024, 32 rows -> 128
+# ~1.2-1.3x, 256 ~1.25-1.4x; 1024², 128 rows -> 512 within noise); a's rows need not fit any cache
+AVX2_BLOCK_BYTES = 2 * 1024 * 1024
+AVX2_MIN_BLOCK_ROWS = 256
 # below this many multiply-adds the copy into panels costs more than the product gains (a few microseconds of work)
 MIN_MACS = 1 << 21
+# rows of b that one block of the panel copy reads whole (see panel_copy_tile; 4 to 16 measured alike, 1 ~1.5x slower)
+COPY_ROWS = 8
 
 
 def panel_width(simd_bytes: int, m: int, k: int, n: int, dtype: DType) -> int:
@@ -55,6 +68,50 @@ def _panel_axes(k: Kernel) -> Optional[Tuple[int, int, int]]:
   return None
 
 
+def _copy_rows(k: Kernel) -> Optional[int]:
+  """How many k rows one block of the panel copy holds, when k is the copy of a row-major b into panels: the output is
+  contiguous (n // w, k, w) and the input reads (w, row stride >= n, 1) (b, or a slice of its columns), so each (panel,
+  row) step reads one w-wide piece of a row. None for any other kernel (a transposed b is not row-major)."""
+  if k.reduceop is not None or k.upcasted or len(k.bufs) != 2 or len(k.full_shape) != 3 or not all(isinstance(s, int) for s in k.full_shape):
+    return None
+  panels, rows, width = k.full_shape
+  out, src = (st.real_strides() for st in k.sts[:2])
+  if out != (rows * width, width, 1) or src[0] != width or src[2] != 1 or not isinstance(src[1], int) or src[1] < panels * width \
+      or panels < 2:
+    return None
+  return next((b for b in (COPY_ROWS, 4, 2) if rows % b == 0 and rows > b), None)
+
+
+def panel_copy_tile(k: Kernel) -> bool:
+  """Tile the copy of a row-major b into panels (see `_copy_rows`): blocks of COPY_ROWS rows of b, all panels per block.
+
+  Walking one panel down all k rows reads a w-wide piece of every row, one cache line a row apart (a page apart for
+  n = 1024 floats), which the prefetchers do not follow; a block of a few rows read for every panel in turn reads
+  those rows whole while writing COPY_ROWS consecutive lines of each panel (1024² on one AVX2 core, C: ~250 -> ~165 us;
+  2048²: ~3.0 -> ~1.7 ms). True when applied."""
+  if (rows := _copy_rows(k)) is None:
+    return False
+  width = k.full_shape[2]
+  try:
+    for step in ((width,) if width <= 16 else (16, width // 16)):
+      k.apply_opt(Opt(OptOps.UPCAST, 2, step))
+    k.apply_opt(Opt(OptOps.BLOCK, 1, rows))
+    k.apply_opt(Opt(OptOps.SWAP, 0, 1))
+  except KernelOptError:
+    return bool(k.upcasted)
+  return True
+
+
+def block_rows(regs: int, rows: int, row_bytes: int, m: int, threads: int) -> int:
+  """Rows of a in one block of the packed product: at least one register tile of `rows` and BLOCK_BYTES of a's rows of
+  row_bytes each; with 16 vector registers (AVX2) up to AVX2_BLOCK_BYTES / AVX2_MIN_BLOCK_ROWS while the m rows still
+  make SLICES_PER_THREAD blocks for each of `threads` threads (the blocks are what the threads share out)."""
+  least = max(rows, BLOCK_BYTES // row_bytes)
+  if regs > 16:
+    return least
+  return max(least, min(max(AVX2_MIN_BLOCK_ROWS, AVX2_BLOCK_BYTES // row_bytes), m // (SLICES_PER_THREAD * threads)))
+
+
 def panel_tile(k: Kernel, lanes: int, regs: int) -> bool:
   """Tile a product that reads packed panels (see the module doc) for `regs` vector registers of `lanes` lanes of the
   output dtype (tiny_clang.heuristics.simd_lanes / simd_registers); True when applied, False leaves k untouched."""
@@ -66,8 +123,9 @@ def panel_tile(k: Kernel, lanes: int, regs: int) -> bool:
   m = k.full_shape[rows_axis]
   # half the register file holds accumulators: rows x vecs of them (AVX2: 4 x 2, AVX-512: 8 x 2)
   rows = next((r for r in (8, 4, 2) if r * vecs <= regs // 2 and m % r == 0), 1)
-  block_rows = max(rows, BLOCK_BYTES // (k.full_shape[red] * k.bufs[0].dtype.itemsize))
-  per_block = next((b for b in range(block_rows // rows, 1, -1) if (m // rows) % b == 0), 1)
+  threads = num_threads()
+  tiles = block_rows(regs, rows, k.full_shape[red] * k.bufs[0].dtype.itemsize, m, threads) // rows
+  per_block = next((b for b in range(tiles, 1, -1) if (m // rows) % b == 0), 1)
   try:
     for step in ((width,) if width <= 16 else (16, width // 16)):
       k.apply_opt(Opt(OptOps.UPCAST, panel + 1, step))
@@ -75,6 +133,11 @@ def panel_tile(k: Kernel, lanes: int, regs: int) -> bool:
       k.apply_opt(Opt(OptOps.UPCAST, rows_axis, rows))
     if per_block > 1 and m // rows > per_block:
       k.apply_opt(Opt(OptOps.BLOCK, rows_axis, per_block))
+    elif m // rows > 1 and k.full_shape[panel] >= SLICES_PER_THREAD * threads:
+      # all rows in one block (or no divisor makes blocks): panels outermost, so each panel is pulled once and all row
+      # tiles read it from L2. Row tiles outermost pull every panel for every row tile (AVX2, 256 x 2048 x 2048 and
+      # 128 x 1024 x 4096 in one block: ~0.43x); they stay outermost where too few panels would be left to share out
+      k.apply_opt(Opt(OptOps.SWAP, rows_axis, panel))
   except KernelOptError:
     return bool(k.upcasted)
   return True
