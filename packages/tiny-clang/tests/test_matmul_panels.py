@@ -233,3 +233,31 @@ def test_cpu_matmul_is_packed() -> None:
   assert len(sched) == 2, [si.ast for si in sched]
   small = create_schedule([(a[:8, :8] @ b[:8, :16]).lazydata])
   assert len(small) == 1
+
+
+def _epilogue_kernel(epilogue: str) -> Kernel:
+  """The optimized product kernel of a linear layer with `epilogue` fused after the reduce, for an AVX2-like CPU."""
+  x, w, bias = (Tensor.rand(*s, device="CLANG").realize() for s in ((128, 256), (256, 512), (512,)))
+  res = Tensor.rand(128, 512, device="CLANG").realize()
+  y = x @ w + bias
+  out = {"bias": y, "residual": res + y, "gelu": y.gelu()}[epilogue]
+  si = create_schedule([out.lazydata])[-1]
+  return Kernel(si.ast, opts=Avx2LikeRenderer()).hand_coded_optimizations()
+
+
+@pytest.mark.parametrize("epilogue", ["bias", "residual", "gelu"])
+def test_fused_epilogue_keeps_the_panel_tile(epilogue: str) -> None:
+  """A linear layer's bias, a residual add or an activation after the product (more buffers than a and b, read after
+  the reduce) still gets the packed product's register tile (GPT-2's MLP and projections are such kernels)."""
+  k = _epilogue_kernel(epilogue)
+  assert Opt(OptOps.UPCAST, 0, 4) in k.applied_opts and any(o.op is OptOps.UPCAST and o.amt == 16 for o in k.applied_opts), k.applied_opts
+
+
+@pytest.mark.parametrize("device", ["CLANG", "LLVM"])
+def test_fused_epilogue_matches_numpy(device: str) -> None:
+  xn, wn, bn, rn = _rand(96, 200, seed=7), _rand(200, 256, seed=8), _rand(256, seed=9), _rand(96, 256, seed=10)
+  x, w, b, r = (Tensor(v, device=device) for v in (xn, wn, bn, rn))
+  y = xn @ wn + bn
+  np.testing.assert_allclose((r + (x @ w + b)).numpy(), rn + y, rtol=1e-4, atol=1e-3)
+  np.testing.assert_allclose((x @ w + b).relu().numpy(), np.maximum(y, 0), rtol=1e-4, atol=1e-3)
+  np.testing.assert_allclose((b + x @ w).numpy(), y, rtol=1e-4, atol=1e-3)

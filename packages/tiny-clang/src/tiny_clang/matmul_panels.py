@@ -56,10 +56,14 @@ def _panel_axes(k: Kernel) -> Optional[Tuple[int, int, int]]:
   if k.reduceop is None or k.upcasted or k.reduceop.op is not ReduceOps.SUM or not all(isinstance(s, int) for s in k.full_shape):
     return None
   lane, panel, red = k.first_reduce - 1, k.first_reduce - 2, k.first_reduce
-  if panel < 1 or k.first_upcast != red + 1 or len(k.bufs) != 3:
+  if panel < 1 or k.first_upcast != red + 1 or len(k.bufs) < 3:
+    return None
+  # the product reads two buffers; any others come after the reduce (a linear layer's bias, a residual, gelu's inputs)
+  read = [i for i, b in enumerate(k.bufs) if b in {x.arg for x in k.reduceop.lazyops if not x.src}]   # (leaves)
+  if len(read) != 2 or 0 in read:
     return None
   shape = k.full_shape
-  out, x, y = (st.real_strides() for st in k.sts[:3])
+  out, x, y = (k.sts[i].real_strides() for i in (0, *read))
   width = shape[lane]
   for vec, other in ((x, y), (y, x)):
     if vec[lane] == 1 and vec[red] == width and vec[panel] == width * shape[red] and all(vec[a] == 0 for a in range(panel)) and \
