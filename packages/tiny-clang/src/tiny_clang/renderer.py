@@ -79,7 +79,10 @@ def _max(a: str, b: str, dtype: DType) -> str:
 
 _VECTOR_NATIVE = {BinaryOps.ADD: "+", BinaryOps.MUL: "*"}
 # ops whose scalar spelling is a plain C operator expression, valid for GNU vectors as it is
-_VECTOR_AS_SCALAR = {TernaryOps.MULACC, UnaryOps.NEG, BinaryOps.XOR, BinaryOps.AND, BinaryOps.OR, BinaryOps.SHL, BinaryOps.SHR}
+# (IDIV/MOD too: on GNU vectors / and % divide lane by lane with C's truncation, as the scalar spelling does; the renderer
+# only sees integer IDIV/MOD, the float ones being rewritten before)
+_VECTOR_AS_SCALAR = {TernaryOps.MULACC, UnaryOps.NEG, BinaryOps.XOR, BinaryOps.AND, BinaryOps.OR, BinaryOps.SHL, BinaryOps.SHR,
+                     BinaryOps.IDIV, BinaryOps.MOD}
 # float32 vector ops with a vector implementation in tiny_clang.vmath (libm's are scalar calls)
 _VMATH = {UnaryOps.EXP2: "exp2", UnaryOps.LOG2: "log2"}
 # the integer lanes a float vector's comparison mask has (and that vector MAX blends through)
@@ -107,6 +110,9 @@ def _op_for(op: Any, fn: Callable[..., str]) -> Callable[..., str]:
       if op in _VECTOR_AS_SCALAR and _f16kind(dtype) is None and scalar != dtypes.bool:
         # C operators apply lane-wise to GNU vectors: one vector op (an FMA for MULACC) instead of a lane-by-lane rebuild
         return fn(*xs, dtype)
+      if op is TernaryOps.WHERE:
+        # the condition of a vector WHERE is a scalar (there are no bool vectors here): C's ?: picks a whole vector
+        return f"({xs[0]}?{xs[1]}:{xs[2]})"
       if op in _VMATH and scalar == dtypes.float32:
         return f"tiny_{_VMATH[op]}_{ClangRenderer.vector_name(scalar, dtype.count)}({xs[0]})"
       if op is BinaryOps.MAX and scalar in (dtypes.float32, dtypes.float64):

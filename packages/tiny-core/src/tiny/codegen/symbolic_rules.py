@@ -123,6 +123,65 @@ def _cast_where(root: UOp, cond: UOp, x: UOp) -> Optional[UOp]:
   return cond.where(x.cast(root.dtype), root.const_like(0))
 
 
+# *** packed integers: (hi * 2**k | lo) unpacked right away (threefry's uint32 pairs in a uint64) ***
+
+def _is_pow2(v: object) -> bool:
+  """v is an int 2**k with k >= 1."""
+  return isinstance(v, int) and not isinstance(v, bool) and v >= 2 and v & (v - 1) == 0
+
+
+def _packed_parts(pack: UOp, c: int) -> Optional[Tuple[UOp, UOp]]:
+  """(hi, lo) when pack is `hi*c | lo` or `hi*c + lo` with c = 2**k, hi >= 0 and lo in [0, c): the bits of lo and of hi*c
+  do not overlap, so an OR and an ADD both just place them side by side."""
+  if not is_int(pack) or pack.op is not UOps.ALU or pack.arg not in (BinaryOps.OR, BinaryOps.ADD) or not _is_pow2(c):
+    return None
+  for m, lo in ((pack.src[0], pack.src[1]), (pack.src[1], pack.src[0])):
+    # where(c, hi*2**k, 0) (a padded pack) is where(c, hi, 0) * 2**k
+    if m.op is UOps.ALU and m.arg is TernaryOps.WHERE and uop_const_value(m.src[2]) == 0 and (inner := _packed_parts(m.src[1] | lo, c)) is not None \
+        and inner[1] is lo:
+      return m.src[0].where(inner[0], inner[0].const_like(0)), lo
+    if m.op is UOps.ALU and m.arg is BinaryOps.MUL and m.src[1].op is UOps.CONST and m.src[1].arg == c and \
+        is_int(m.src[0]) and m.src[0].vmin >= 0 and is_int(lo) and 0 <= lo.vmin and lo.vmax < c:
+      return m.src[0], lo
+  return None
+
+
+def _unpack_hi(pack: UOp, c: UOp) -> Optional[UOp]:
+  """(hi*c | lo) // c -> hi, when hi*c does not wrap around."""
+  if (parts := _packed_parts(pack, c.arg)) is None or pack.dtype is None:
+    return None
+  hi = parts[0]
+  return hi if hi.vmax * c.arg <= dtypes.max(pack.dtype) else None
+
+
+def _unpack_lo(pack: UOp, mask: UOp) -> Optional[UOp]:
+  """(hi*c | lo) & (c-1) -> lo: hi*c has no bits below c, even when it wraps around (c divides 2**bits)."""
+  if not isinstance(mask.arg, int) or isinstance(mask.arg, bool) or (parts := _packed_parts(pack, mask.arg + 1)) is None:
+    return None
+  return parts[1]
+
+
+def _mask_noop(x: UOp, mask: UOp) -> Optional[UOp]:
+  """x & (2**k - 1) -> x when x is already in [0, 2**k)."""
+  m = mask.arg
+  if not is_int(x) or not isinstance(m, int) or isinstance(m, bool) or m < 0 or m & (m + 1) != 0:
+    return None
+  return x if 0 <= x.vmin and x.vmax <= m else None
+
+
+def _and_where(x: UOp, cond: UOp, m: UOp) -> Optional[UOp]:
+  """x & where(c, m, 0) -> where(c, x & m, 0) for ints (x & 0 is 0): lets a padded mask reach what it masks."""
+  return cond.where(x & m, x.const_like(0)) if is_int(x) else None
+
+
+def _cast_roundtrip(root: UOp, x: UOp) -> Optional[UOp]:
+  """cast(cast(x, wide), dtype of x) -> x for ints, when the wide type holds every value of x."""
+  mid = root.src[0]
+  if not is_int(root) or not is_int(x) or root.dtype != x.dtype or not is_int(mid) or mid.dtype is None:
+    return None
+  return x if dtypes.min(mid.dtype) <= x.vmin and x.vmax <= dtypes.max(mid.dtype) else None
+
+
 symbolic_rules: List[Tuple[UPat, Callable[..., Optional[UOp]]]] = [
   # constants
   (UPat(UOps.ALU, name="root", src=UPat(UOps.CONST)), _fold_consts),
@@ -179,6 +238,13 @@ symbolic_rules: List[Tuple[UPat, Callable[..., Optional[UOp]]]] = [
   # div/mod of index expressions
   (UPat.alu(BinaryOps.IDIV, UPat.var("x"), UPat.cvar("c")), lambda x, c: _fold_div_mod(x, c, BinaryOps.IDIV)),
   (UPat.alu(BinaryOps.MOD, UPat.var("x"), UPat.cvar("c")), lambda x, c: _fold_div_mod(x, c, BinaryOps.MOD)),
+  # packed integers unpacked right away, and the casts and masks that become no-ops then
+  (UPat.alu(BinaryOps.IDIV, UPat.var("pack"), UPat.cvar("c")), _unpack_hi),
+  (UPat.alu(BinaryOps.AND, UPat.var("pack"), UPat.cvar("mask")), _unpack_lo),
+  (UPat.alu(BinaryOps.AND, UPat.var("x"), UPat.cvar("mask")), _mask_noop),
+  (UPat(UOps.CAST, name="root", src=(UPat(UOps.CAST, src=(UPat.var("x"),)),)), _cast_roundtrip),
+  (UPat.alu(BinaryOps.AND, UPat.var("x"), UPat.alu(TernaryOps.WHERE, UPat.var("cond"), UPat.cvar("m"), UPat(UOps.CONST, 0))), _and_where),
+  (UPat.alu(BinaryOps.XOR, UPat.var("x"), UPat(UOps.CONST, 0)), lambda x: x if is_int(x) else None),
   # value ranges
   (UPat(UOps.ALU, name="root"), _fold_range),
   # a loop of one iteration is its start

@@ -1,4 +1,5 @@
-"""Vector memory folding: consecutive scalar LOADs/STOREs of a float buffer become one vector LOAD/STORE (+ GEPs)."""
+"""Vector memory folding: consecutive scalar LOADs/STOREs of a float buffer (or, on CPUs, a 32/64-bit int buffer) become one
+vector LOAD/STORE (+ GEPs)."""
 from __future__ import annotations
 
 import functools
@@ -30,8 +31,15 @@ def _vector_sizes(dtype: DType, simd_bytes: int = 0) -> Tuple[int, ...]:
   return tuple(s for s in (16, 8, 4, 2) if s <= widest)
 
 
+def _foldable(elem: DType, simd_bytes: int) -> bool:
+  """Floats fold everywhere; 32/64-bit ints only for renderers that re-vectorize the ALU ops too (simd_bytes > 0): there
+  the vector store lets `vectorize_lanes` turn integer chains (threefry's rounds) into vector code, while elsewhere a vector
+  of ints would only be gathered from scalar lanes."""
+  return dtypes.is_float(elem) or (simd_bytes > 0 and dtypes.is_int(elem) and elem.itemsize in (4, 8))
+
+
 def fold_vector_memory(sink: UOp, opts: Optional[Renderer]) -> UOp:
-  """Consecutive aligned scalar LOADs/STOREs of float buffers become one vector LOAD/STORE (+ GEPs)."""
+  """Consecutive aligned scalar LOADs/STOREs of float buffers (32/64-bit int ones too on CPUs) become one vector LOAD/STORE (+ GEPs)."""
   if opts is None or not getattr(opts, "supports_float4", False):
     return sink
   # loads first: rewriting them rebuilds the stores that use them
@@ -46,7 +54,7 @@ def _fold_vector_memory(sink: UOp, kind: UOps, simd_bytes: int = 0) -> UOp:
     if u.op is not kind or u.src[0].op not in (UOps.DEFINE_GLOBAL, UOps.DEFINE_LOCAL):
       continue
     elem = u.dtype if u.op is UOps.LOAD else u.src[2].dtype
-    if elem is None or elem.count != 1 or not dtypes.is_float(elem):
+    if elem is None or elem.count != 1 or not _foldable(elem, simd_bytes):
       continue
     base, off = _base_offset(u.src[1])
     if u.op is UOps.LOAD and len(u.src) == 2:

@@ -23,6 +23,10 @@ from tiny.dtype import DType, dtypes
 from tiny.ops import BinaryOps, TernaryOps
 
 
+# ints whose lanes may be packed as offsets from a common base (exact: integer addition is associative, wrapping too)
+_INT_LANES = frozenset({dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64, dtypes.uint8, dtypes.uint16, dtypes.uint32, dtypes.uint64})
+
+
 def _lane_dtype_ok(dt: Optional[DType]) -> bool:
   # bool vectors and 16-bit floats (registers are float, memory is 16-bit) stay scalar
   return dt is not None and dt.count == 1 and dt != dtypes.bool and dt not in (dtypes.float16, dtypes.bfloat16)
@@ -36,6 +40,7 @@ class _Packer:
     self.lane_of: Dict[UOp, Tuple[UOp, int]] = {}
     self.frozen: Set[UOp] = set()  # accumulators already vectorized along their reduce: not packed across outputs
     self.topo: Dict[UOp, int] = topo if topo is not None else {}  # position in a sources-first order of the graph
+    self.depth: Dict[UOp, int] = _depths(self.topo)  # longest path from a leaf: a uop is deeper than all its sources
 
   def _independent(self, lanes: Tuple[UOp, ...]) -> bool:
     """No lane is computed from another lane of the tuple. Lanes that are (a sum unrolled over a masked window can CSE
@@ -43,13 +48,17 @@ class _Packer:
     members = set(lanes)
     if len(members) < 2:
       return True
-    # a source comes before its users in topo: nothing earlier than the earliest lane can lead to a lane
-    floor = min(self.topo.get(x, -1) for x in members)
+    # a lane computed from another is deeper than it: lanes of one depth (the same ops on each lane) are independent
+    depths = [self.depth.get(x, -1) for x in members]
+    if min(depths) == max(depths) >= 0:
+      return True
+    # a source comes before its users in topo, and is shallower: nothing earlier, or shallower, than every lane leads to one
+    floor, shallowest = min(self.topo.get(x, -1) for x in members), min(depths)
     seen: Set[UOp] = set()
     stack = [s for x in members for s in x.src]
     while stack:
       u = stack.pop()
-      if u in seen or self.topo.get(u, floor) < floor:
+      if u in seen or self.topo.get(u, floor) < floor or self.depth.get(u, shallowest) < shallowest:
         continue
       if u in members:
         return False
@@ -78,6 +87,10 @@ class _Packer:
         all(x.op is UOps.GEP and x.src[0] is v and x.arg == i for i, x in enumerate(lanes)):
       return v, True
     dt = first.dtype
+    if all(x.op is UOps.CONST for x in lanes) and _lane_dtype_ok(dt) and all(x.dtype == dt for x in lanes):
+      return self._gather(lanes)[0], True  # a vector literal: as good as a computed vector
+    if (stepped := self._pack_offsets(lanes)) is not None:
+      return stepped
     def alike(x: UOp) -> bool:  # a DEFINE_ACC's arg is each accumulator's own number
       return x.op is first.op and x.dtype == dt and (x.arg == first.arg or x.op is UOps.DEFINE_ACC) and len(x.src) == len(first.src)
     if not _lane_dtype_ok(dt) or not all(alike(x) for x in lanes) or not self._independent(lanes):
@@ -102,12 +115,49 @@ class _Packer:
       # a lane-wise reinterpretation (exp's exponent-field scaling): bitcasting the packed vector keeps the chain in vectors
       src, real = self.pack(tuple(x.src[0] for x in lanes))
       return self._record(lanes, UOp(UOps.BITCAST, vdt, (src,))) if real else self._gather(lanes)
+    if first.op is UOps.CAST and _lane_dtype_ok(sdt := first.src[0].dtype) and all(x.src[0].dtype == sdt for x in lanes):
+      # a lane-wise conversion (threefry's counters to uint32): the vector CAST keeps the chain in vectors
+      src, real = self.pack(tuple(x.src[0] for x in lanes))
+      return self._record(lanes, UOp(UOps.CAST, vdt, (src,))) if real else self._gather(lanes)
+    if first.op is UOps.ALU and first.arg is TernaryOps.WHERE and all(x.src[0] is first.src[0] for x in lanes) and \
+        first.src[0].dtype == dtypes.bool and all(_lane_dtype_ok(s.dtype) for s in first.src[1:]):
+      # one scalar condition for every lane (a padded region, decided per loop iteration): a select of whole vectors,
+      # which needs no vector of bools
+      cols = [self.pack(tuple(x.src[j] for x in lanes)) for j in (1, 2)]
+      if not any(real for _, real in cols):
+        return self._gather(lanes)
+      return self._record(lanes, UOp(UOps.ALU, vdt, (first.src[0], cols[0][0], cols[1][0]), TernaryOps.WHERE))
     if first.op is UOps.ALU and first.arg is not TernaryOps.WHERE and all(_lane_dtype_ok(s.dtype) for s in first.src):
       cols = [self.pack(tuple(x.src[j] for x in lanes)) for j in range(len(first.src))]
       if not any(real for _, real in cols):
         return self._gather(lanes)
       return self._record(lanes, UOp(UOps.ALU, vdt, tuple(c for c, _ in cols), first.arg))
     return self._gather(lanes)
+
+  def _pack_offsets(self, lanes: Tuple[UOp, ...]) -> Optional[Tuple[UOp, bool]]:
+    """Integer lanes b, b+c1, b+c2, ... (lane 0 often folded to b itself: consecutive indices) as b + (0, c1, c2, ...),
+    a broadcast plus a vector literal. Only the lanes that are ADDs are recorded as lanes of the result: b is the
+    operand of that vector, so reading b out of it would be a cycle."""
+    base = lanes[0]
+    if not _lane_dtype_ok(base.dtype) or base.dtype not in _INT_LANES or base.op is UOps.CONST:
+      return None
+    offs: List[UOp] = []
+    for x in lanes:
+      if x is base:
+        offs.append(base.const_like(0))
+      elif x.op is UOps.ALU and x.arg is BinaryOps.ADD and x.src[0] is base and x.src[1].op is UOps.CONST and x.dtype == base.dtype:
+        offs.append(x.src[1])
+      else:
+        return None
+    if all(x is base for x in lanes):
+      return None
+    assert base.dtype is not None
+    n = len(lanes)
+    vec = UOp(UOps.ALU, base.dtype.vec(n), (self._gather((base,) * n)[0], self._gather(tuple(offs))[0]), BinaryOps.ADD)
+    for i, x in enumerate(lanes):
+      if x is not base:
+        self.lane_of.setdefault(x, (vec, i))
+    return vec, True
 
   def _record(self, lanes: Tuple[UOp, ...], vec: UOp) -> Tuple[UOp, bool]:
     for i, x in enumerate(lanes):
@@ -237,6 +287,14 @@ def _sources_first(sink: UOp) -> Dict[UOp, int]:
     stack.append((u, True))
     stack.extend((s, False) for s in u.src if s not in pos)
   return pos
+
+
+def _depths(topo: Dict[UOp, int]) -> Dict[UOp, int]:
+  """Each uop's longest path from a leaf (0 for a uop without sources), for the uops numbered in topo (sources first)."""
+  depth: Dict[UOp, int] = {}
+  for u in sorted(topo, key=topo.__getitem__):
+    depth[u] = 1 + max((depth.get(s, 0) for s in u.src), default=-1)
+  return depth
 
 
 def vectorize_lanes(sink: UOp, opts: object) -> UOp:
