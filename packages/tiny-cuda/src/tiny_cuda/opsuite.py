@@ -38,6 +38,8 @@ def _cases() -> List[SuiteCase]:
     ("int_ops", lambda: (t(64, dtype=dtypes.int32) // 3) * 7 + t(64, dtype=dtypes.int32) % 5),
     ("bitwise", lambda: (t(64, dtype=dtypes.int32) ^ t(64, dtype=dtypes.int32)) & 0xFF | 3),
     ("int64_uint8", lambda: t(64, dtype=dtypes.int64) * 3 + t(64, dtype=dtypes.uint8).cast(dtypes.int64)),
+    # (threefry's uint64 products fold away now: an explicit one keeps mul.lo.u64 in the suite)
+    ("uint64_mul", lambda: t(64, dtype=dtypes.uint64) * t(64, dtype=dtypes.uint64) + 5),
     ("float64", lambda: (t(32, dtype=dtypes.float64) * 1.5).exp() + t(32, dtype=dtypes.float64).exp2()),
     ("rand", lambda: Tensor.rand(37, device="PYTHON")),
     ("half_ew", lambda: (t(64, dtype=dtypes.half) * 2 + t(64, dtype=dtypes.half)).relu().sqrt()),
