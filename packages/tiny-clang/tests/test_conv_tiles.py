@@ -82,32 +82,19 @@ def _sum_kernel(sched: List[Any]) -> Any:
   return next(s for s in sched if s.ast.op is MetaOps.KERNEL and any(op.op is ReduceOps.SUM for op in s.ast.lazyops))
 
 
-def test_weight_gradient_3x3_tile_takes_four_channels_first() -> None:
-  """The weight gradient of a 3x3 conv on 8x8 outputs: its 8-pixel reduce rows unroll whole (one vector each), so the
-  tile is 4 output channels x all 3 kernel rows (12 accumulators), the channels upcast first."""
-  xn, wn = _rand(2, 4, 10, 10, seed=3), _rand(8, 4, 3, 3, seed=4)
-  rn = _rand(2, 8, 8, 8, seed=5)
+@pytest.mark.parametrize("out,ups,seed", [(8, [(8, 4), (3, 3)], 3), (6, [(3, 3), (8, 2)], 6)], ids=["8x8", "6x6"])
+def test_weight_gradient_3x3_tile(out: int, ups: List[Tuple[int, int]], seed: int) -> None:
+  """The weight gradient of a 3x3 conv. On 8x8 outputs each reduce row unrolls whole as one vector, so the tile is 4
+  output channels x all 3 kernel rows (12 accumulators), the channels upcast first. On 6x6 outputs a row is 4 + 2 lanes
+  (two registers per kernel row): the tile stays 3 kernel rows x 2 channels, kernel rows first (4 would spill)."""
+  xn, wn = _rand(2, 4, out + 2, out + 2, seed=seed), _rand(8, 4, 3, 3, seed=seed + 1)
+  rn = _rand(2, 8, out, out, seed=seed + 2)
   _, wsched = _gradients(xn, wn, rn)
   si = _sum_kernel(wsched)
-  kern, ups, opts = _tiled(si)
-  assert ups == [(8, 4), (3, 3)], kern.applied_opts
-  assert (OptOps.UNROLL, 8, 8) in opts, kern.applied_opts
-  ref = np.stack([np.einsum("bchw,bohw->oc", xn[:, :, ky:ky + 8, kx:kx + 8], rn) for ky in range(3) for kx in range(3)], -1)
-  got = run_kernel_on_python(kern, _inputs(si, [xn, rn]), wn.shape)
-  np.testing.assert_allclose(got, ref.reshape(wn.shape), rtol=1e-4, atol=1e-4)
-
-
-def test_weight_gradient_of_6_pixel_rows_keeps_two_channels() -> None:
-  """On 6x6 outputs each reduce row is 4 + 2 lanes (two registers per kernel row): the tile stays 3 kernel rows x 2
-  output channels, kernel rows first (4 channels would spill)."""
-  xn, wn = _rand(2, 4, 8, 8, seed=6), _rand(8, 4, 3, 3, seed=7)
-  rn = _rand(2, 8, 6, 6, seed=8)
-  _, wsched = _gradients(xn, wn, rn)
-  si = _sum_kernel(wsched)
-  kern, ups, opts = _tiled(si)
-  assert ups == [(3, 3), (8, 2)], kern.applied_opts
-  assert (OptOps.UNROLL, 6, 6) in opts, kern.applied_opts
-  ref = np.stack([np.einsum("bchw,bohw->oc", xn[:, :, ky:ky + 6, kx:kx + 6], rn) for ky in range(3) for kx in range(3)], -1)
+  kern, got_ups, opts = _tiled(si)
+  assert got_ups == ups, kern.applied_opts
+  assert (OptOps.UNROLL, out, out) in opts, kern.applied_opts
+  ref = np.stack([np.einsum("bchw,bohw->oc", xn[:, :, ky:ky + out, kx:kx + out], rn) for ky in range(3) for kx in range(3)], -1)
   got = run_kernel_on_python(kern, _inputs(si, [xn, rn]), wn.shape)
   np.testing.assert_allclose(got, ref.reshape(wn.shape), rtol=1e-4, atol=1e-4)
 
