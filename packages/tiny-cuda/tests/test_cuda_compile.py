@@ -26,9 +26,11 @@ RENDERERS = {"cuda": (CUDARenderer, NVRTCCompiler, cuda_batch_source), "ptx": (P
 
 
 def cubin_arch(lib: bytes) -> int:
-  """The SM number a CUBIN was built for: ELF (CUDA OS ABI 51), low byte of e_flags."""
-  assert lib[:4] == b"\x7fELF" and lib[7] == 51, "not a CUDA ELF"
-  return struct.unpack_from("<I", lib, 0x30)[0] & 0xFF
+  """The SM number a CUBIN was built for. CUDA 12 writes ELF OS ABI 51 with the SM in e_flags' low byte; CUDA 13 writes
+  OS ABI 65 with it in the second byte (0x5a04 for sm_90)."""
+  assert lib[:4] == b"\x7fELF" and lib[7] in (51, 65), "not a CUDA ELF"
+  flags = struct.unpack_from("<I", lib, 0x30)[0]
+  return flags & 0xFF if lib[7] == 51 else (flags >> 8) & 0xFF
 
 
 @pytest.fixture(scope="module")

@@ -42,12 +42,17 @@ def _toolkit_dirs(sub: str) -> List[str]:
 def _load(what: str, wheel: str, patterns: List[str]) -> ctypes.CDLL:
   """Load a library from its pip wheel, else from a CUDA toolkit, else from the loader path; RTLD_GLOBAL so that other
   bindings of the same library (gpuctypes) find its symbols."""
-  candidates = [os.path.join(d, p) for d in _nvidia_dirs(f"{wheel}/lib") for p in patterns]
+  # CUDA 12 wheels keep each library in nvidia/<wheel>/lib, CUDA 13 wheels share nvidia/cu13/lib
+  wheel_dirs = _nvidia_dirs(f"{wheel}/lib") + _nvidia_dirs("cu13/lib") + _nvidia_dirs("cu12/lib")
+  candidates = [os.path.join(d, p) for d in wheel_dirs for p in patterns]
   candidates += [os.path.join(d, p) for d in _toolkit_dirs("lib64") for p in patterns]
   found = [f for c in candidates for f in sorted(glob.glob(c), reverse=True)]
   errors = []
   for path in found + [p.replace("*", "") for p in patterns]:
     try:
+      # NVRTC 13 dlopens its builtins library by name: load the one beside it first, or a wheel-only install fails
+      for companion in sorted(glob.glob(os.path.join(os.path.dirname(path), "libnvrtc-builtins.so.*"))) if "nvrtc" in path else []:
+        ctypes.CDLL(companion, mode=ctypes.RTLD_GLOBAL)
       return ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
     except OSError as e:
       errors.append(f"{path}: {e}")
@@ -57,7 +62,7 @@ def _load(what: str, wheel: str, patterns: List[str]) -> ctypes.CDLL:
 @functools.lru_cache(None)
 def cuda_include_dir() -> str:
   """The directory holding cuda_fp16.h / cuda_bf16.h (the nvidia-cuda-runtime-cu12 wheel's include/, else a toolkit's)."""
-  for d in _nvidia_dirs("cuda_runtime/include") + _toolkit_dirs("include"):
+  for d in _nvidia_dirs("cuda_runtime/include") + _nvidia_dirs("cu13/include") + _nvidia_dirs("cu12/include") + _toolkit_dirs("include"):
     if os.path.isfile(os.path.join(d, "cuda_fp16.h")):
       return d
   raise CUDAToolchainError("the CUDA headers (cuda_fp16.h) were not found: pip install nvidia-cuda-runtime-cu12")
@@ -131,8 +136,10 @@ class NVRTCCompiler(Compiler):
   def __init__(self, arch: Optional[str] = None, ptx: bool = False, extra_options: Optional[List[str]] = None):
     self.arch, self.ptx = normalize_arch(arch) if arch is not None else default_arch(), ptx
     self.options = [f"--gpu-architecture={self.arch if not ptx else self.arch.replace('sm_', 'compute_')}", f"-I{cuda_include_dir()}",
-                    "--std=c++14", "-default-device"] + list(extra_options or [])
+                    "-default-device"] + list(extra_options or [])
     major, minor = nvrtc_version()
+    # NVRTC 13 dropped the C++14 dialect; the kernels are plain C++ that either dialect accepts
+    self.options.insert(2, "--std=c++17" if major >= 13 else "--std=c++14")
     # extra options (and the header directory) change the output: they are part of the cache key
     opts_id = hashlib.sha256("\0".join(self.options).encode()).hexdigest()[:12]
     super().__init__(f"compile_nvrtc{major}{minor}_{self.arch}{'_ptx' if ptx else ''}_{opts_id}")
