@@ -74,6 +74,9 @@ def test_caps_on_devices_a_plugin_builds_itself() -> None:
   (DeviceCaps(buffer_views=1), "caps.buffer_views must be a bool"),  # type: ignore[arg-type]
   (DeviceCaps(buffer_options=frozenset({"pinned"})), "caps.buffer_options must be a frozenset of"),
   (DeviceCaps(buffer_options={"host"}), "caps.buffer_options must be a frozenset of"),  # type: ignore[arg-type]
+  (DeviceCaps(view_alignment=12), "caps.view_alignment must be a power of two"),
+  (DeviceCaps(view_alignment=0), "caps.view_alignment must be a power of two"),
+  (DeviceCaps(view_alignment=True), "caps.view_alignment must be a power of two"),
 ])
 def test_bad_caps_are_refused(bad: Any, why: str) -> None:
   with pytest.raises(PluginError, match=why):
@@ -85,8 +88,22 @@ def test_buffer_views_follow_caps() -> None:
   from tiny.tensor import Tensor
   register(spec("CAPSVIEW", caps=DeviceCaps(buffer_views=True)), spec("CAPSNOVIEW"))
   for dev, views in (("CAPSVIEW", True), ("CAPSNOVIEW", False)):
-    t = Tensor([1.0, 2.0, 3.0, 4.0], device=dev).realize()
-    assert t[1:3].lazydata.can_view() is views
+    t = Tensor([float(i) for i in range(12)], device=dev).realize()
+    assert t[4:7].lazydata.can_view() is views
+
+
+@pytest.mark.parametrize("align,start,views", [(16, 4, True), (16, 7, False), (16, 2, False), (8, 2, True), (1, 7, True)])
+def test_views_start_at_the_declared_alignment(align: int, start: int, views: bool) -> None:
+  """A GPU faults on a float4 load that is not 16-byte aligned, so a view may only start at a multiple of view_alignment
+  bytes; elsewhere the window is copied, and both read the same values."""
+  import numpy as np
+  from tiny.tensor import Tensor
+  register(spec("CAPSALIGN", caps=DeviceCaps(buffer_views=True, view_alignment=align)))
+  data = np.arange(24, dtype=np.float32)
+  t = Tensor(data, device="CAPSALIGN").realize()
+  w = t[start:start + 8]
+  assert w.lazydata.can_view() is views
+  np.testing.assert_array_equal((w.contiguous() * 2).numpy(), data[start:start + 8] * 2)
 
 
 def test_zero_copy_follows_caps() -> None:

@@ -79,9 +79,9 @@ def _hcq_unbuilt(dev: str) -> Any:
 
 
 # host memory: buffers are views into each other (ctypes from_buffer) and read back without a copy
-CPU_CAPS = DeviceCaps(buffer_views=True, zero_copy=True, buffer_options=frozenset({"nolru"}))
+CPU_CAPS = DeviceCaps(buffer_views=True, zero_copy=True, buffer_options=frozenset({"nolru"}), view_alignment=1)
 # HCQCPU memory is host memory too, but queued work may still be writing it: reads go through copyout, which waits
-HCQ_CPU_CAPS = DeviceCaps(buffer_views=True, zero_copy=False, buffer_options=frozenset({"nolru"}))
+HCQ_CPU_CAPS = DeviceCaps(buffer_views=True, zero_copy=False, buffer_options=frozenset({"nolru"}), view_alignment=1)
 
 
 @hookimpl

@@ -24,10 +24,14 @@ class DeviceCaps:
   zero_copy: the device's memory is host memory the allocator can hand out as a memoryview (``as_buffer``) without a copy,
     so reading a realized tensor back (``.numpy()``) need not copy. Discrete GPUs say False: mapping their memory is slow.
   buffer_options: the names of the ``BufferOptions`` fields the allocator honours; the others are accepted and ignored.
+  view_alignment: the byte offsets a buffer view may start at are multiples of this. Kernels load vectors (float4) from
+    a buffer's start, and GPUs fault on a vector load that is not naturally aligned, so the default, 16, is the
+    widest vector a renderer emits; a device whose loads tolerate any address (the CPUs) says 1.
   """
   buffer_views: bool = False
   zero_copy: bool = False
   buffer_options: FrozenSet[str] = frozenset()
+  view_alignment: int = 16
 
   def problems(self) -> List[str]:
     """What is wrong with this record (empty when it is fine): a plugin may build it with any values, core checks them."""
@@ -37,6 +41,9 @@ class DeviceCaps:
       if f.name == "buffer_options":
         if not isinstance(v, frozenset) or not v <= BUFFER_OPTION_NAMES:
           bad.append(f"caps.buffer_options must be a frozenset of {sorted(BUFFER_OPTION_NAMES)}, got {v!r}")
+      elif f.name == "view_alignment":
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1 or v & (v - 1):
+          bad.append(f"caps.view_alignment must be a power of two >= 1, got {v!r}")
       elif not isinstance(v, bool):
         bad.append(f"caps.{f.name} must be a bool, got {v!r}")
     return bad

@@ -218,10 +218,13 @@ class LazyBuffer:
     return ret
 
   def can_view(self) -> bool:
-    """True when this data can be a Buffer view of its base (consecutive, and the device declares caps.buffer_views)."""
+    """True when this data can be a Buffer view of its base: consecutive, the device declares caps.buffer_views, and the
+    view starts at a multiple of caps.view_alignment bytes (a view of a view adds aligned offsets, so it stays aligned)."""
     if not self.st.consecutive or self._is_lazy_const():
       return False
-    return Device.caps(self.device).buffer_views
+    caps = Device.caps(self.device)
+    offset = self.st.views[0].offset
+    return caps.buffer_views and isinstance(offset, int) and (offset * self.dtype.itemsize) % caps.view_alignment == 0
 
   def contiguous(self, allow_buffer_view: bool = True) -> LazyBuffer:
     """This data in a contiguous buffer of its own shape; marks an already-contiguous base for realization."""

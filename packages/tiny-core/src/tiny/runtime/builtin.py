@@ -51,7 +51,7 @@ def tiny_devices() -> List[DeviceSpec]:
                priority=0, probe=_module_probe("ops_python"), caps=DeviceCaps(buffer_views=False, zero_copy=True)),
     DeviceSpec(name="DISK", allocator=_storage_only, renderer=_storage_only, compiler=_storage_only, runtime=_storage_only,
                priority=-100, probe=_module_probe("ops_disk"), device_factory=_device("ops_disk", "DiskDevice"),
-               caps=DeviceCaps(buffer_views=True, zero_copy=True)),
+               caps=DeviceCaps(buffer_views=True, zero_copy=True, view_alignment=1)),
     DeviceSpec(name="NPY", allocator=_storage_only, renderer=_storage_only, compiler=_storage_only, runtime=_storage_only,
                priority=-100, probe=_module_probe("ops_npy"), device_factory=_device("ops_npy", "NpyDevice"), caps=DeviceCaps(zero_copy=True)),
   ]
