@@ -68,3 +68,50 @@ def test_unusable_cached_opts_are_not_replayed():
     assert search._from_cache(fresh, bad) is None, bad
   good = search._from_cache(fresh, [["UPCAST", 0, 4]])
   assert good is not None and good.applied_opts == [Opt(OptOps.UPCAST, 0, 4)] and fresh.applied_opts == []
+
+
+def test_beam_on_a_renderer_variant_uses_the_variants_compiler(fresh_cache, monkeypatch):
+  """A renderer variant (like CUDA:PTX) has its own compiler: BEAM must compile and time its candidates with it, not with
+  the plain device's (which rejects the variant's source, so nothing would be timed)."""
+  import types
+  from typing import List
+
+  from tiny import plugins
+  from tiny.device import CompileError
+  from tiny.plugins import DeviceSpec, RendererSpec, hookimpl
+  from tiny.runtime import ops_python
+
+  class TaggedRenderer(ops_python.PythonRenderer):
+    def render(self, name, uops):
+      return "VARIANT" + super().render(name, uops)
+
+  class PlainCompiler(ops_python.PythonCompiler):
+    def compile(self, src):
+      if src.startswith("VARIANT"):
+        raise CompileError("the plain compiler cannot read the variant's source", src)
+      return super().compile(src)
+
+  class VariantCompiler(ops_python.PythonCompiler):
+    def compile(self, src):
+      assert src.startswith("VARIANT")
+      return super().compile(src[len("VARIANT"):])
+
+  mod = types.ModuleType("p_beamvariant")
+  setattr(mod, "TINY_PLUGIN_API", "1.1")
+  setattr(mod, "tiny_devices", hookimpl(lambda: [DeviceSpec(name="BEAMV", allocator=lambda d: ops_python.PythonAllocator(),
+                                                              renderer=lambda d: ops_python.PythonRenderer(), compiler=lambda d: PlainCompiler(),
+                                                              runtime=lambda d: ops_python.PythonProgram, priority=-1)]))
+  specs: List[RendererSpec] = [RendererSpec(device="BEAMV", name="ALT", renderer=lambda d: TaggedRenderer(), compiler=lambda d: VariantCompiler())]
+  setattr(mod, "tiny_renderers", hookimpl(lambda: specs))
+  monkeypatch.setenv("IGNORE_BEAM_CACHE", "1")
+  plugins.reset()
+  try:
+    plugins.register(mod)
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    before = search.search_stats["timed"]
+    with Context(BEAM=2):
+      out = (Tensor(a, device="BEAMV:ALT") * 3 - 1).max(1).numpy()
+    assert search.search_stats["timed"] > before, "BEAM timed no candidate of the variant"
+    np.testing.assert_array_equal(out, (a * 3 - 1).max(1))
+  finally:
+    plugins.reset()

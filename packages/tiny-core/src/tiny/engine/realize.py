@@ -146,17 +146,18 @@ class BufferXfer(BufferCopy):
 
 # **************** kernels: optimize, compile, cache ****************
 
-def get_kernel(renderer: Renderer, ast: LazyOp) -> Kernel:
+def get_kernel(renderer: Renderer, ast: LazyOp, dname: Optional[str] = None) -> Kernel:
   """The optimized Kernel for ast: hand-coded heuristics (which try tensor cores first), or BEAM search when BEAM>=1.
 
-  NOOPT keeps only the opts a kernel needs to be correct."""
+  NOOPT keeps only the opts a kernel needs to be correct. dname is the device the kernel runs on: BEAM compiles its
+  candidates with that device's compiler, which for a renderer variant (CUDA:PTX) is not the plain device's."""
   if NOOPT:
     return Kernel(ast, opts=renderer).required_optimizations()
   if BEAM >= 1:
     from tiny.engine.search import beam_search, bufs_from_lin   # search times kernels with this module's runners: it imports us
     kb = Kernel(ast, opts=renderer).required_optimizations()
     hc = Kernel(ast, opts=renderer).hand_coded_optimizations()
-    return beam_search(kb, bufs_from_lin(kb, allocate=False), BEAM.value, bool(getenv("BEAM_ESTIMATE", 1)), starts=[hc])
+    return beam_search(kb, bufs_from_lin(kb, allocate=False), BEAM.value, bool(getenv("BEAM_ESTIMATE", 1)), dname=dname, starts=[hc])
   return Kernel(ast, opts=renderer).hand_coded_optimizations()
 
 
@@ -191,7 +192,7 @@ def get_runner(dname: str, ast: LazyOp) -> CompiledRunner:
   if (bret := method_cache.get(bkey)) is not None:
     ret = CompiledRunner(replace(bret.p, dname=dname), bret.lib)
   else:
-    prg: Program = get_kernel(renderer, ast).to_program()
+    prg: Program = get_kernel(renderer, ast, dname).to_program()
     ret = CompiledRunner(replace(prg, dname=dname))
     method_cache[bkey] = ret
   method_cache[ckey] = ret
@@ -319,7 +320,7 @@ def precompile(schedule: List[ScheduleItem]) -> int:
       for bkey, (dname, ast, ckey) in todo.items():
         compiler = _device(dname).compiler
         try:
-          prg = replace(get_kernel(_device(dname).renderer, ast).to_program(), dname=dname)
+          prg = replace(get_kernel(_device(dname).renderer, ast, dname).to_program(), dname=dname)
         except Exception:
           tick()
           continue

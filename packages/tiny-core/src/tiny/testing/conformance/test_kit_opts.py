@@ -85,20 +85,22 @@ def _run_program(name: str, device: str, choose: Callable[[Kernel], Kernel], wha
 
 # *** the three settings a user picks with NOOPT / (nothing) / BEAM ***
 
-def _noopt(k: Kernel) -> Kernel:
+def _noopt(k: Kernel, device: str) -> Kernel:
   return k.required_optimizations()
 
 
-def _heuristic(k: Kernel) -> Kernel:
+def _heuristic(k: Kernel, device: str) -> Kernel:
   return k.hand_coded_optimizations()
 
 
-def _beam2(k: Kernel) -> Kernel:
+def _beam2(k: Kernel, device: str) -> Kernel:
+  # the device, not the renderer's plain name: a renderer variant (CUDA:PTX) compiles with its own compiler
   base = Kernel(k.ast, opts=k.opts).required_optimizations()
-  return beam_search(base, bufs_from_lin(base, allocate=False), 2, starts=[Kernel(k.ast, opts=k.opts).hand_coded_optimizations()])
+  return beam_search(base, bufs_from_lin(base, allocate=False), 2, dname=device,
+                     starts=[Kernel(k.ast, opts=k.opts).hand_coded_optimizations()])
 
 
-SETTINGS: Dict[str, Callable[[Kernel], Kernel]] = {"NOOPT": _noopt, "heuristic": _heuristic, "BEAM=2": _beam2}
+SETTINGS: Dict[str, Callable[[Kernel, str], Kernel]] = {"NOOPT": _noopt, "heuristic": _heuristic, "BEAM=2": _beam2}
 CASES = [(p, s) for p in PROGRAMS for s in SETTINGS]
 
 
@@ -109,7 +111,7 @@ def test_setting(program, setting, tiny_device, monkeypatch):
   # BEAM: search on the device now (not opts cached by an earlier run), in this process (small kernels: no worker pool)
   monkeypatch.setenv("IGNORE_BEAM_CACHE", "1")
   monkeypatch.setenv("PARALLEL", "0")
-  ks = _run_program(program, tiny_device, SETTINGS[setting], setting)
+  ks = _run_program(program, tiny_device, lambda k: SETTINGS[setting](k, tiny_device), setting)
   if setting == "NOOPT":
     assert all(not k.applied_opts for k in ks), f"NOOPT kernels should have no opts, got {[k.applied_opts for k in ks]}"
 
