@@ -180,3 +180,21 @@ def test_ptx_max_tests_for_nan() -> None:
   src = get_kernel(PTXRenderer("sm_80"), create_schedule([x.max().lazydata])[-1].ast).to_program().src
   assert "setp.nan.f32" in src and "max.f32" not in src
   assert cubin_arch(PTXCompiler("sm_80").compile(src)) == 80
+
+
+@pytest.mark.parametrize("dt", [dtypes.int16, dtypes.uint16], ids=lambda d: d.name)
+def test_16bit_negation_never_reaches_ptxas_as_neg(dt: Any) -> None:
+  """On an H100 (CUDA 13), ptxas left neg.s16 of -32768 as +32768 in the 32-bit register behind it: a division, modulo,
+  shift, max or compare that followed read 32768 (-(-32768) idiv 3 gave 10922). A multiply by -1 wraps right, so both
+  renderers negate 16-bit ints that way; in CUDA C it is inline PTX, because NVVM turns any spelling of -x into neg."""
+  import numpy as np
+  from tiny.codegen.kernel import Kernel
+  from tiny.tensor import Tensor
+  t = Tensor(np.array([-32768, 7], np.int16), device="PYTHON").cast(dt).contiguous().realize()
+  asts = [si.ast for si in t.neg().idiv(3).schedule() if si.ast.op.name == "KERNEL"]
+  assert len(asts) == 1
+  for kind, (rcls, _, _) in RENDERERS.items():
+    k = Kernel(asts[0], opts=rcls("sm_90")).hand_coded_optimizations()
+    src = k.to_program().src
+    ptx = src if kind == "ptx" else NVRTCCompiler("sm_90", ptx=True).compile(src).decode()
+    assert "mul.lo.s16" in ptx and not re.search(r"\bneg\.[su]16\b", ptx), f"{kind}: a 16-bit neg reaches ptxas"

@@ -261,6 +261,10 @@ class _PTXWriter:
       amt = a[1] if sdts[1].itemsize == 4 else self.cast(a[1], sdts[1], dtypes.uint32)
       kind = "shl" if op is BinaryOps.SHL else "shr"
       self.emit(f"{kind}.{ut if op is BinaryOps.SHL else t} {d}, {a[0]}, {amt};")
+    elif op is UnaryOps.NEG and operand_dt in (dtypes.int16, dtypes.uint16):
+      # ptxas keeps neg.s16 of -32768 as +32768 in the 32-bit register behind it, and a division or compare that
+      # follows reads that (seen on sm_90 with CUDA 13); a multiply by -1 gives the same bits and wraps
+      self.emit(f"mul.lo.s16 {d}, {a[0]}, -1;")
     elif op is UnaryOps.NEG:
       self.emit(f"neg.{t if is_float or _is_signed(operand_dt) else t.replace('u', 's')} {d}, {a[0]};")
     elif op is UnaryOps.RECIP:

@@ -48,6 +48,19 @@ def _max(a: str, b: str, dtype: DType) -> str:
   return f"max({a},{b})"
 
 
+INT16 = (dtypes.int16, dtypes.uint16)
+# the 16-bit negation as an opaque multiply by -1: NVVM turns any spelling of -x into neg.s16, and ptxas leaves
+# neg.s16 of -32768 as +32768 in the 32-bit register behind it, which a division or compare that follows then reads
+NEG16_FUNCTION = ('__device__ __forceinline__ short tiny_neg16(short x) { short r; asm("mul.lo.s16 %0, %1, -1;" : "=h"(r) : "h"(x)); '
+                  'return r; }')
+
+
+def _neg(x: str, dtype: DType) -> str:
+  if _scalar(dtype) in INT16:
+    return f"(({'short' if _scalar(dtype) == dtypes.int16 else 'unsigned short'})tiny_neg16((short){x}))"
+  return f"(!{x})" if _scalar(dtype) == dtypes.bool else f"(-{x})"
+
+
 def _recip(x: str, dtype: DType) -> str:
   if _is_f16(dtype):
     return f"hrcp({x})"
@@ -122,7 +135,7 @@ class CUDARenderer(CStyleLanguage):
     **CStyleLanguage.code_for_op,
     UnaryOps.SQRT: _f16_fn("hsqrt", "sqrt"), UnaryOps.EXP2: _f16_fn("hexp2", "exp2"), UnaryOps.LOG2: _f16_fn("hlog2", "log2"),
     UnaryOps.SIN: _f16_fn("hsin", "sin"), UnaryOps.RECIP: _recip, BinaryOps.MAX: _max,
-    TernaryOps.MULACC: lambda a, b, c, dtype: f"(({a}*{b})+{c})",
+    TernaryOps.MULACC: lambda a, b, c, dtype: f"(({a}*{b})+{c})", UnaryOps.NEG: _neg,
   }
   extra_matcher = cuda_matcher
 
@@ -169,6 +182,8 @@ class CUDARenderer(CStyleLanguage):
       lines.append(self._f16_vector_struct(d))
     for name, arg in wmmas.items():
       lines.append(wmma_function(name, arg[2], arg[3], self))
+    if any(u.op is UOps.ALU and u.arg is UnaryOps.NEG and u.dtype is not None and _scalar(u.dtype) in INT16 for u in uops):
+      lines.append(NEG16_FUNCTION)
     return super().render_kernel(function_name, kernel, bufs, uops, lines)
 
   def _f16_vector_struct(self, dt: DType) -> str:
