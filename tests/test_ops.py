@@ -440,8 +440,8 @@ def test_layernorm_batchnorm():
   helper_test_op([(4, 5, 6)], lambda x: TF.layer_norm(x, (6,), eps=1e-5), lambda x: x.layernorm(eps=1e-5), atol=1e-5, grad_atol=1e-3)
   helper_test_op([(4, 5, 6)], lambda x: TF.layer_norm(x, (5, 6)), lambda x: x.layernorm(axis=(1, 2)), atol=1e-5, grad_atol=1e-3)
   helper_test_op([(4, 3, 5, 5), (3,), (3,), (3,), (3,)],
-                 lambda x, w, b, m, v: TF.batch_norm(x, m.detach(), v.detach().abs() + 0.1, w, b, training=False, eps=0.0),
-                 lambda x, w, b, m, v: x.batchnorm(w, b, m, (v.abs() + 0.1).rsqrt()), atol=1e-5, grad_atol=1e-3)
+                 lambda x, w, b, m, v: TF.batch_norm(x, m.detach(), v.detach().abs() + 0.1, w, b, training=False, eps=1e-5),
+                 lambda x, w, b, m, v: x.batchnorm(w, b, m, (v.abs() + 0.1 + 1e-5).rsqrt()), atol=1e-5, grad_atol=1e-3)
 
 
 def test_dropout():
