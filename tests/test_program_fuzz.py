@@ -259,3 +259,20 @@ def test_runs_unload_their_kernels() -> None:
   for seed in range(1, 6):
     check_program(prog, "CLANG", default_settings(seed * 10, n_random=4))
   assert mappings() - before < 10, "kernels loaded by the fuzzer stay mapped"
+
+
+def test_time_boxed_fuzzing_checks_programs_and_stops_at_the_failure_limit(monkeypatch: pytest.MonkeyPatch,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+  """`python -m tiny.testing.program_fuzz DEVICE --seconds S` (the hardware-check script's fuzzer): it checks drawn
+  programs on the device, and stops at --max-failures, printing each reproducer."""
+  checked, failures = pf.fuzz_for(COMPUTE[0], 0.5, seed=1)
+  assert checked >= 1 and failures == []
+  calls = []
+
+  def broken(prog: Any, device: str, settings: Any) -> None:
+    calls.append(device)
+    raise AssertionError(f"reproducer {len(calls)}")
+  monkeypatch.setattr(pf, "check_program", broken)
+  assert pf.main([COMPUTE[0], "--seconds", "30", "--max-failures", "2"]) == 1
+  out = capsys.readouterr().out
+  assert len(calls) == 2 and "reproducer 1" in out and "reproducer 2" in out and f"{COMPUTE[0]}: 2 programs, 2 failed" in out

@@ -1,6 +1,6 @@
 """CUDAGraph: TinyJit replays a captured step as one CUDA graph launch.
 
-NOTE: written against the driver API documentation without a GPU; not run on hardware yet (see the README).
+Run on an H100 by `hardware_check.sh` (see the README).
 
 The captured kernels become a chain of kernel nodes (each depends on the one before, so the order of the eager run
 is kept). On every call only what changed is patched into the instantiated graph: the buffers that are inputs or

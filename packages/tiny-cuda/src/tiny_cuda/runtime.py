@@ -1,7 +1,8 @@
 """The CUDA runtime through the driver API (gpuctypes): contexts, memory, copies, kernel launch, timing.
 
-NOTE: this module was written against the CUDA driver API documentation on a machine without a GPU; it has not run on
-hardware yet (see the README). Every driver call goes through `check`, which names the call and the CUDA error.
+Run on an H100 by `hardware_check.sh` (see the README). Every driver call goes through `check`, which names the call and
+the CUDA error; after a kernel faults (an illegal or misaligned address) the context stays broken and every later call
+reports that error.
 
 All work is issued on the legacy default stream, so kernels, copies and graph launches of one context run in order;
 `copyout` and `synchronize` are the points where the host waits.

@@ -38,6 +38,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+import time
 import traceback
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
@@ -1402,3 +1403,45 @@ def check_program(program: Program, device: str, settings: Sequence[OptSetting],
       cause = None if isinstance(run.error, RecursionError) else run.error
       raise AssertionError("program fuzz found a difference; reproducer:\n" + msg) from cause
   return want
+
+
+def fuzz_for(device: str, seconds: float, max_failures: int = 1, seed: Optional[int] = None) -> Tuple[int, List[str]]:
+  """Check freshly drawn programs on device for `seconds` (the default settings plus one random opt list each).
+
+  Returns (programs checked, the reproducers of the failures). Stops at max_failures: on a GPU the first fault can
+  leave the context unusable, and everything after it would fail for that reason alone."""
+  import warnings
+  rng = random.Random(seed)
+  strategy = programs(max_ops=10, max_size=128)
+  failures: List[str] = []
+  checked, start = 0, time.perf_counter()
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")   # .example() outside a test is what hypothesis warns about, and what a time box wants
+    while time.perf_counter() - start < seconds and len(failures) < max_failures:
+      prog = strategy.example()
+      try:
+        check_program(prog, device, default_settings(rng.randrange(2**31), n_random=1))
+      except AssertionError as e:
+        failures.append(str(e))
+      checked += 1
+  return checked, failures
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  """`python -m tiny.testing.program_fuzz DEVICE [--seconds S] [--max-failures N]`: time-boxed whole-program fuzzing."""
+  import argparse
+  ap = argparse.ArgumentParser(prog="python -m tiny.testing.program_fuzz", description=main.__doc__)
+  ap.add_argument("device")
+  ap.add_argument("--seconds", type=float, default=60.0)
+  ap.add_argument("--max-failures", type=int, default=1)
+  ap.add_argument("--seed", type=int, default=None)
+  args = ap.parse_args(argv)
+  checked, failures = fuzz_for(args.device, args.seconds, args.max_failures, args.seed)
+  for f in failures:
+    print(f, end="\n\n")
+  print(f"{args.device}: {checked} programs, {len(failures)} failed")
+  return 1 if failures else 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())
