@@ -131,3 +131,51 @@ def test_allocator_alignment_zero_copy_and_views() -> None:
   # freed buffers are reused by the LRU cache
   al.free(b, 16)
   assert al.alloc(16) is b
+
+
+def test_large_buffers_start_on_a_huge_page_and_ask_for_huge_pages(monkeypatch: pytest.MonkeyPatch) -> None:
+  from tiny_clang import runtime
+  asked: list = []
+  real = runtime.advise_huge_pages
+  monkeypatch.setattr(runtime, "advise_huge_pages", lambda addr, size: asked.append((addr, size)) or real(addr, size))
+  monkeypatch.setattr(runtime, "_use_huge_pages", True)
+  al = ClangAllocator()
+  small, big = al.alloc(runtime.HUGE_PAGE - 64), al.alloc(runtime.HUGE_PAGE + 100)
+  assert ctypes.addressof(small) % 64 == 0 and ctypes.addressof(big) % runtime.HUGE_PAGE == 0
+  assert asked == [(ctypes.addressof(big), runtime.HUGE_PAGE + 100)], "only buffers of a huge page or more ask for huge pages"
+  # the whole buffer is ordinary memory: write every byte, read it back, free it
+  data = np.random.default_rng(0).integers(0, 256, runtime.HUGE_PAGE + 100, dtype=np.uint8)
+  al.copyin(big, memoryview(data))
+  out = np.empty_like(data)
+  al.copyout(memoryview(out), big)
+  np.testing.assert_array_equal(out, data)
+  al.free(small, runtime.HUGE_PAGE - 64)
+  al.free(big, runtime.HUGE_PAGE + 100)
+  al.free_cache()
+  # off Linux (or switched off) a big buffer is an ordinary 64-byte-aligned one
+  monkeypatch.setattr(runtime, "_use_huge_pages", False)
+  asked.clear()
+  assert ctypes.addressof(al.alloc(runtime.HUGE_PAGE + 100)) % 64 == 0 and not asked
+
+
+def test_advise_huge_pages_covers_only_whole_huge_pages() -> None:
+  from tiny_clang import runtime
+  hp = runtime.HUGE_PAGE
+  # no whole 2 MiB page inside: nothing to ask for
+  assert runtime.advise_huge_pages(hp + 4096, hp - 8192) is False
+  assert runtime.advise_huge_pages(hp, hp - 1) is False
+
+
+@pytest.mark.parametrize("device", ["CLANG", "LLVM"])
+def test_sum_of_a_huge_page_buffer_matches_numpy(device: str) -> None:
+  from tiny import Tensor
+  from tiny_clang import runtime
+  if device == "LLVM":
+    pytest.importorskip("llvmlite")
+  # 5 MiB of floats plus an odd tail: the split reduce on a 2 MiB aligned huge-page buffer
+  x = np.random.default_rng(1).standard_normal(runtime.HUGE_PAGE * 5 // 8 + 37).astype(np.float32)
+  t = Tensor(x, device=device).realize()
+  np.testing.assert_allclose(t.sum().numpy(), x.astype(np.float64).sum(), rtol=1e-4, atol=1e-2)
+  np.testing.assert_allclose(t.max().numpy(), x.max())
+  y = x[: (len(x) // 1024) * 1024].reshape(-1, 1024)
+  np.testing.assert_allclose(Tensor(y, device=device).sum(axis=0).numpy(), y.sum(axis=0), rtol=1e-4, atol=1e-3)

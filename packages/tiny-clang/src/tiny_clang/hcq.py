@@ -23,7 +23,7 @@ from typing import Any, List, Optional, Sequence, Tuple, Type
 from tiny.backend import (BufferOptions, HCQAllocator, HCQArgsState, HCQCompiled, HCQGraph, HCQProgram, HCQSignal, HWCommandQueue, HWComputeQueue,
                           HWCopyQueue, getenv, to_function_name)
 
-from tiny_clang.runtime import ClangProgram, _libc, buf_address
+from tiny_clang.runtime import ClangProgram, _libc, alloc_host, buf_address
 
 
 def _now_us() -> float:
@@ -150,15 +150,12 @@ class HCQCPUProgram(HCQProgram):
 
 
 class HCQCPUAllocator(HCQAllocator):
-  """Host memory, 64-byte aligned, moved by the copy engine."""
+  """Host memory, 64-byte aligned (huge pages from 2 MiB, see alloc_host), moved by the copy engine."""
 
   ALIGN = 64
 
   def _alloc(self, size: int, options: BufferOptions) -> Any:
-    ptr = ctypes.c_void_p()
-    if _libc.get().posix_memalign(ctypes.byref(ptr), self.ALIGN, size) != 0 or not ptr.value:
-      raise MemoryError(f"cannot allocate {size} bytes of host memory")
-    return (ctypes.c_uint8 * size).from_address(ptr.value)
+    return alloc_host(size, self.ALIGN)
 
   def _free(self, opaque: Any, options: BufferOptions) -> None:
     _libc.get().free(ctypes.addressof(opaque))
