@@ -188,3 +188,75 @@ def test_dropout_reproducible():
     Tensor.manual_seed(5)
     b = x.dropout(0.5).numpy()
   np.testing.assert_equal(a, b)
+
+
+# *** every dtype and size against the numpy model (the words of one draw come from ONE threefry per block) ***
+
+def np_rand_bits(seed: int, counter: int, n: int) -> np.ndarray:
+  """The n uint32 words of a draw: the low words of the blocks at counters (c + k, c + k + half), then their high words."""
+  half = (n + 1) // 2
+  c1 = (np.arange(half, dtype=np.uint64) + counter).astype(np.uint32)
+  c2 = (c1.astype(np.uint64) + half).astype(np.uint32)
+  with np.errstate(over="ignore"):
+    lo, hi = np_threefry2x32(c1, c2, seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF)
+  return np.concatenate([lo, hi])[:n]
+
+
+def np_rand(seed: int, counter: int, n: int, dt) -> np.ndarray:
+  """Tensor.rand's documented mapping of the words to floats in [0, 1): the top mantissa bits of a float in [1, 2), minus 1."""
+  bits = np_rand_bits(seed, counter, n)
+  if dt == dtypes.float16:   # the low 16 bits of a word, their top 10 as the mantissa
+    return ((bits.astype(np.uint16) >> np.uint16(6)) | np.uint16(0x3C00)).view(np.float16) - np.float16(1)
+  if dt == dtypes.float64:   # a word as the top 32 of 52 mantissa bits
+    return ((bits.astype(np.uint64) << np.uint64(20)) | np.uint64(0x3FF0000000000000)).view(np.float64) - 1.0
+  if dt == dtypes.bfloat16:  # 7 mantissa bits, exact in bfloat16 (compared as float32 here)
+    return (((bits >> np.uint32(25)) << np.uint32(16)) | np.uint32(0x3F800000)).view(np.float32) - np.float32(1)
+  return ((bits >> np.uint32(9)) | np.uint32(0x3F800000)).view(np.float32) - np.float32(1)
+
+
+@pytest.mark.parametrize("dt", [dtypes.float32, dtypes.float16, dtypes.float64, dtypes.bfloat16])
+def test_rand_dtypes_match_reference_stream(dt):
+  Tensor.manual_seed(2024)
+  counter = 0
+  for shape in [(1,), (2,), (13,), (3, 5), (2, 3, 7), (64,), (1000,), (4097,)]:
+    n = math.prod(shape)
+    got = Tensor.rand(*shape, dtype=dt).numpy()
+    assert got.shape == shape
+    want = np_rand(2024, counter, n, dt).reshape(shape)
+    np.testing.assert_equal(got.astype(np.float32) if dt == dtypes.bfloat16 else got, want, err_msg=f"{dt} {shape}")
+    counter += n
+
+
+@pytest.mark.parametrize("n", [(1 << 16) - 1, (1 << 16) + 3])
+def test_rand_large_draws_match_reference_stream(n):
+  """Sizes around tiny_clang's THREEFRY_UPCAST_MIN: the scalar and the upcast (vector) kernel give the same numbers."""
+  Tensor.manual_seed(99)
+  np.testing.assert_equal(Tensor.rand(n).numpy(), np_rand(99, 0, n, dtypes.float32))
+
+
+def test_randint_randn_dropout_follow_the_words():
+  Tensor.manual_seed(31)
+  u = np_rand(31, 0, 11, dtypes.float32)
+  np.testing.assert_equal(Tensor.randint(11, low=-3, high=17).numpy(), (np.float32(20) * u).astype(np.int32) - 3)
+  src = np_rand(31, 11, 2 * 9, dtypes.float32).reshape(2, 9).astype(np.float64)
+  want = np.cos(src[0] * 2 * np.pi) * np.sqrt(-2 * np.log(1 - src[1]))
+  np.testing.assert_allclose(Tensor.randn(9).numpy(), want, rtol=1e-5, atol=1e-5)
+  with Tensor.train():
+    out = Tensor.ones(17).contiguous().dropout(0.3).numpy()
+  keep = np_rand(31, 29, 17, dtypes.float32) >= np.float32(0.3)
+  np.testing.assert_equal(out != 0, keep)
+  np.testing.assert_allclose(out[keep], 1 / 0.7, rtol=1e-6)
+
+
+def test_rand_computes_threefry_in_one_kernel():
+  """One kernel draws and converts the numbers, each block of Threefry once per word it gives (not the old lo.cat(hi),
+  which ran the cipher twice over a padded range in two kernels)."""
+  from tiny.engine.schedule import create_schedule
+  from tiny.ops import BinaryOps, MetaOps
+  Tensor.manual_seed(0)
+  sched = create_schedule([Tensor.rand(13).lazydata])
+  kernels = [si for si in sched if si.ast.op is MetaOps.KERNEL]
+  with_threefry = [si for si in kernels if any(x.op is BinaryOps.THREEFRY for x in si.ast.lazyops)]
+  assert len(with_threefry) == 1, [si.ast for si in kernels]
+  assert sum(x.op is BinaryOps.THREEFRY for x in with_threefry[0].ast.lazyops) == 1
+  assert with_threefry[0].outputs[0].dtype == dtypes.float32 and with_threefry[0].outputs[0].size == 13

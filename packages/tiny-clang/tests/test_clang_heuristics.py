@@ -20,7 +20,7 @@ from tiny.shape.shapetracker import ShapeTracker as ST
 from tiny.testing.ops_helper import run_kernel_on_python
 from tiny.tensor import Tensor
 from tiny_clang import renderer as clang_renderer
-from tiny_clang.heuristics import cpu_hand_coded_optimizations
+from tiny_clang.heuristics import THREEFRY_UPCAST_MIN, cpu_hand_coded_optimizations
 
 F32 = dtypes.float32
 rng = np.random.default_rng(0)
@@ -198,3 +198,20 @@ def test_host_simd_registers(machine: str, flags: set, simd_bytes: int, want: in
   assert clang_renderer.host_simd_registers(simd_bytes) == want
   monkeypatch.setenv("SIMD_REGISTERS", "8")
   assert clang_renderer.host_simd_registers(simd_bytes) == 8
+
+
+# *** random numbers ***
+
+def _threefry_kernel(n: int) -> LazyOp:
+  from tiny.ops import BinaryOps
+  Tensor.manual_seed(3)
+  sched = create_schedule([Tensor.rand(n, device="PYTHON").lazydata])
+  return next(si.ast for si in sched if si.ast.op is MetaOps.KERNEL and any(x.op is BinaryOps.THREEFRY for x in si.ast.lazyops))
+
+
+@pytest.mark.parametrize("n, upcast", [(1000, False), (THREEFRY_UPCAST_MIN - 8, False), (THREEFRY_UPCAST_MIN, True)])
+def test_small_random_draws_are_not_upcast(n: int, upcast: bool) -> None:
+  """A kernel drawing fewer than THREEFRY_UPCAST_MIN numbers keeps one lane (its codegen would cost ~8x in Python for
+  under a millisecond of run time); a larger draw is upcast like any elementwise kernel."""
+  opts = Kernel(_threefry_kernel(n), opts=_SimdCpuRenderer()).hand_coded_optimizations().applied_opts
+  assert (len(opts) > 0) == upcast, opts

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any, List, Optional, Sequence, Tuple
 
-from tiny.backend import Kernel, KernelOptError, Opt, OptOps, ReduceOps
+from tiny.backend import BinaryOps, Kernel, KernelOptError, Opt, OptOps, ReduceOps, prod
 from tiny_clang.matmul_panels import panel_copy_tile, panel_tile
 
 
@@ -368,12 +368,29 @@ def reduce_rows(k: Kernel, lanes: int, rows: int = 4) -> None:
       return   # only the innermost output axis: an outer one would read rows far apart
 
 
+# below this many outputs a random-number kernel stays one scalar lane per loop iteration (see small_threefry)
+THREEFRY_UPCAST_MIN = 1 << 16
+
+
+def small_threefry(k: Kernel) -> bool:
+  """A kernel drawing fewer than THREEFRY_UPCAST_MIN random numbers (weight init, small dropout masks): left without
+  upcasts. Threefry's 20 rounds upcast by a vector are 8 scalar chains until `vectorize_lanes` packs them again at the
+  end of codegen, so the Python passes cost ~8x (0.15 s a kernel, the bulk of an MNIST first step's ten draws), while
+  the scalar loop (which clang still vectorizes in part) costs ~12 ns more per number: under 1 ms at this size."""
+  shape = k.sts[0].shape
+  if not _all_int(shape) or prod(shape) >= THREEFRY_UPCAST_MIN:
+    return False
+  return any(x.op is BinaryOps.THREEFRY for x in k.ast.lazyops)
+
+
 def cpu_hand_coded_optimizations(k: Kernel) -> bool:
   """The CLANG/LLVM heuristic (`Renderer.hand_coded_optimizations`): choose k's opts for a host CPU. Always True: the
   CPU never falls back to core's generic heuristic, whose GPU-minded choices (locals, grouping) it cannot use anyway."""
   if k.opts.has_local:
     return False   # a loop-based renderer only; a GPU-like one is left to core
   if panel_tile(k, simd_lanes(k), simd_registers(k)) or panel_copy_tile(k) or matvec_strip(k) or output_strip(k) or column_reduce(k) or dot_tile(k):
+    return True
+  if small_threefry(k):
     return True
   lanes = simd_lanes(k)
   if lanes > 4 and simd_registers(k) <= 16 and k.reduceop is None:

@@ -98,9 +98,10 @@ class ContiguousBackward(Function):
 class Cast(Function):
   """Convert to another dtype (or reinterpret the bits, which has no gradient)."""
 
-  def forward(self, x: LazyBuffer, dtype: DType, bitcast: bool = False) -> LazyBuffer:
+  def forward(self, x: LazyBuffer, dtype: DType, bitcast: bool = False, in_kernel: bool = False) -> LazyBuffer:
+    # in_kernel: a bitcast computed in the kernel that uses it, instead of a view of x's realized buffer
     self.input_dtype, self.bitcast = x.dtype, bitcast
-    return x.cast(dtype, bitcast)
+    return x.cast(dtype, bitcast, allow_buffer_view=not in_kernel)
 
   def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
     if self.bitcast:

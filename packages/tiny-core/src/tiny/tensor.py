@@ -487,14 +487,31 @@ class Tensor:
     if Tensor._rng_counter is None:
       Tensor._rng_counter = Tensor([0], dtype=dtypes.uint32, requires_grad=False).contiguous().realize()
     counter = Tensor._rng_counter
-    half = (num + 1) // 2
-    counts1 = Tensor.arange(half, device=device, dtype=dtypes.uint32, requires_grad=False) + counter.to(device)
+    # the words are the low words of the blocks at counters (c + k, c + k + half) for k < half, then their high words:
+    # word i takes the block of k = i (or i - half in the upper part) and keeps one half of it, so each block is computed
+    # once per word it gives, in one elementwise kernel (not twice over a padded range, as lo.cat(hi) would)
+    half, rest = (num + 1) // 2, num // 2
+    k = Tensor.arange(half, device=device, dtype=dtypes.uint32, requires_grad=False)
+    if rest:
+      # k and the upper part as padded views, not compares of a position: their masks fold to one condition for all
+      # lanes of an upcast kernel, which keeps the threefry rounds one vector chain
+      k = k.cat(Tensor.arange(rest, device=device, dtype=dtypes.uint32, requires_grad=False))
+    counts1 = k + counter.to(device)
     counts2 = counts1 + half
     x = (counts2.cast(dtypes.uint64) * (1 << 32)).bitwise_or(counts1.cast(dtypes.uint64))
     x = F.Threefry.apply(*x._broadcasted(Tensor._seed % (1 << 64)))
-    lo, hi = x.bitwise_and(0xFFFFFFFF).cast(dtypes.uint32), x.idiv(1 << 32).cast(dtypes.uint32)
     Tensor._rng_counter = counter.assign(counter + num)
-    return lo.cat(hi)[:num]
+    lo = x.bitwise_and(0xFFFFFFFF)
+    if not rest:
+      return lo.cast(dtypes.uint32)
+    upper = Tensor.ones(rest, device=device, dtype=dtypes.bool, requires_grad=False).pad(((half, 0),))
+    return upper.where(x.idiv(1 << 32), lo).cast(dtypes.uint32)
+
+  @staticmethod
+  def _bits_to_float(bits: Tensor, dt: DType) -> Tensor:
+    """bits reinterpreted as dt inside the kernel that computes them: a bitcast view would need bits in a buffer of
+    their own, one more kernel per draw (the first training step draws every weight)."""
+    return F.Cast.apply(bits, dtype=dt, bitcast=True, in_kernel=True)
 
   @staticmethod
   def rand(*shape: Any, device: Optional[str] = None, dtype: Optional[DTypeLike] = None, **kwargs: Any) -> Tensor:
@@ -518,14 +535,14 @@ class Tensor:
     bits = Tensor._threefry_bits(cast(int, num), device)
     if dt == dtypes.bfloat16:
       # 7 random mantissa bits in a float32, which bfloat16 holds exactly
-      out = bits.idiv(1 << 25).mul(1 << 16).bitwise_or(_ONE_BITS[4]).bitcast(dtypes.float32).sub(1).cast(dt).reshape(shape)
+      out = Tensor._bits_to_float(bits.idiv(1 << 25).mul(1 << 16).bitwise_or(_ONE_BITS[4]), dtypes.float32).sub(1).cast(dt).reshape(shape)
       out.requires_grad = kwargs.get("requires_grad")
       return out.contiguous()
     # keep the top mantissa bits, set the exponent of 1.0: a float in [1, 2)
     uint_dt = _UINT_OF_SIZE[dt.itemsize]
     bits = bits.cast(uint_dt).idiv(1 << (dt.itemsize * 8 - _FLOAT_MANTISSA[dt.itemsize])) if dt.itemsize < 8 else \
       bits.cast(uint_dt).mul(1 << (_FLOAT_MANTISSA[8] - 32))
-    out = bits.bitwise_or(_ONE_BITS[dt.itemsize]).bitcast(dt).sub(1).reshape(shape)
+    out = Tensor._bits_to_float(bits.bitwise_or(_ONE_BITS[dt.itemsize]), dt).sub(1).reshape(shape)
     out.requires_grad = kwargs.get("requires_grad")
     return out.contiguous()
 
