@@ -3,6 +3,7 @@ several programs (each with its own MCJIT engine and TargetMachine) live side by
 from __future__ import annotations
 
 import gc
+import platform
 import re
 
 import numpy as np
@@ -15,7 +16,7 @@ from tiny.ops import BinaryOps
 
 llvmlite = pytest.importorskip("llvmlite", reason="LLVM needs llvmlite")
 
-from tiny_clang.compiler import LLVMCompiler  # noqa: E402
+from tiny_clang.compiler import LLVMCompiler, init_llvm  # noqa: E402
 from tiny_clang.llvmir import LLVMRenderer, lconst  # noqa: E402
 from tiny_clang.runtime import ClangAllocator, LLVMProgram  # noqa: E402
 
@@ -83,3 +84,56 @@ def test_constants_are_exact(x: float, dt, expect: str) -> None:
 def test_object_is_cached_bytes() -> None:
   lib = LLVMCompiler().compile(LLVMRenderer().render("sum_rows", sum_rows_uops()))
   assert isinstance(lib, bytes) and lib[:4] == b"\x7fELF"
+
+
+def test_addresses_are_summed_in_i64() -> None:
+  """Every gep takes an i64 index, and the index add/mul have i64 twins with nsw (the i32 versions keep no nsw)."""
+  src = LLVMRenderer().render("sum_rows", sum_rows_uops())
+  geps = re.findall(r"getelementptr inbounds float, ptr %data\d, (i\d+) ", src)
+  assert geps and set(geps) == {"i64"}, src
+  assert re.search(r"= mul nsw i64 %t\d+, 8\n", src) and re.search(r"= add nsw i64 %t\d+, %t\d+\n", src), src
+  assert not re.search(r"(add|mul) nsw i32 %t", src), src
+
+
+def _packed_matmul_ir(n: int) -> str:
+  """The LLVM IR of the packed-panel product kernel of an n x n matmul (the last kernel of its schedule)."""
+  from tiny.codegen.kernel import Kernel
+  from tiny.engine.schedule import create_schedule
+  from tiny.tensor import Tensor
+  renderer = LLVMRenderer()
+  if not renderer.matmul_panel(n, n, n, dtypes.float32):
+    pytest.skip("this host's LLVM renderer packs no panels")
+  a, b = Tensor.empty(n, n, device="LLVM"), Tensor.empty(n, n, device="LLVM")
+  k = Kernel(create_schedule([(a @ b).lazydata])[-1].ast, opts=renderer).hand_coded_optimizations().linearize()
+  assert k.uops is not None
+  return renderer.render("packed_matmul", k.uops.uops)
+
+
+def _innermost_loop(asm: str) -> str:
+  """The instructions of the shortest backward-branching block of a function's assembly: the hot reduce loop."""
+  blocks = re.split(r"\n(?=\.LBB\d+_\d+:)", asm)
+  loops = [b for b in blocks if (m := re.match(r"(\.LBB\d+_\d+):", b)) and re.search(rf"\bj\w+\s+{re.escape(m.group(1))}\b", b)]
+  return min(loops, key=len) if loops else ""
+
+
+def test_packed_matmul_reduce_loop_walks_pointers() -> None:
+  """The reduce loop of the packed matmul has only its loads, FMAs and loop counting: no index sign extension
+  (movslq) or recomputation (the i32 index sums made LLVM extend a's index every step, ~0.8x the C kernel), and it is
+  unrolled UNROLL_TILE times (LLVM alone unrolls it twice)."""
+  from tiny_clang.llvmir import UNROLL_TILE
+  if platform.machine() not in ("x86_64", "AMD64") or "+fma" not in init_llvm().get_host_cpu_features().flatten():
+    pytest.skip("the assembly checked here is x86 with FMA")
+  comp = LLVMCompiler()
+  src = _packed_matmul_ir(512)
+  asm = comp.tm.emit_assembly(comp.optimize(src))
+  loop = _innermost_loop(asm)
+  fmas = re.findall(r"\bvfmadd\w*", loop)
+  assert fmas, loop
+  assert "movslq" not in loop and "cltq" not in loop, loop
+  accs = len(re.findall(r"%acc\d+ = alloca <", src))
+  assert len(fmas) == accs * UNROLL_TILE, (len(fmas), accs, loop)
+
+
+def test_only_register_tile_loops_are_unrolled() -> None:
+  """A reduce loop with a scalar accumulator keeps LLVM's own unrolling (no loop metadata)."""
+  assert "llvm.loop" not in LLVMRenderer().render("sum_rows", sum_rows_uops())
