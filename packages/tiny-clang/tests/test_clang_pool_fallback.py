@@ -31,3 +31,18 @@ def test_native_pool_note(fresh_pool: None) -> None:
     pytest.skip("no C compiler here")
   assert plugin.doctor_notes() == [f"thread pool: native, {pool.num_threads()} threads"]
   assert pool.fallback_reason is None
+
+
+def test_pool_builds_in_background(fresh_pool: None) -> None:
+  """Making a CLANG/LLVM device starts the pool's build on a daemon thread (its compile overlaps the first kernels')."""
+  import threading
+  if compiler.find_cc() is None:
+    pytest.skip("no C compiler here")
+  pool.build_in_background()
+  builders = [t for t in threading.enumerate() if t.name == "tiny-clang-pool-build"]
+  assert builders and all(t.daemon for t in builders)
+  for t in builders:
+    t.join(timeout=120)
+  assert isinstance(pool._pool, pool.NativePool) and pool.get_pool() is pool._pool
+  pool.build_in_background()   # built: nothing more to start
+  assert not [t for t in threading.enumerate() if t.name == "tiny-clang-pool-build" and t.is_alive()]

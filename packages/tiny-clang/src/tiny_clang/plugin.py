@@ -39,7 +39,9 @@ def _clang_compiler(dev: str) -> Any:
 
 
 def _clang_runtime(dev: str) -> Any:
+  from tiny_clang.pool import build_in_background
   from tiny_clang.runtime import ClangProgram
+  build_in_background()   # the device is made before its first kernel is compiled: build the pool meanwhile
   return ClangProgram
 
 
@@ -54,7 +56,9 @@ def _llvm_compiler(dev: str) -> Any:
 
 
 def _llvm_runtime(dev: str) -> Any:
+  from tiny_clang.pool import build_in_background
   from tiny_clang.runtime import LLVMProgram
+  build_in_background()
   return LLVMProgram
 
 
