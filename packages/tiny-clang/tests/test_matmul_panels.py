@@ -15,6 +15,7 @@ from tiny.engine.schedule import create_schedule
 from tiny.tensor import Tensor
 from tiny.testing.ops_helper import run_kernel_on_python
 from tiny_clang.matmul_panels import block_rows, panel_width
+from tiny_clang.renderer import host_simd_bytes
 from tiny_clang.testing import Avx2LikeRenderer, Avx512LikeRenderer
 
 
@@ -236,13 +237,15 @@ def test_cpu_matmul_is_packed() -> None:
 
 
 def _epilogue_kernel(epilogue: str) -> Kernel:
-  """The optimized product kernel of a linear layer with `epilogue` fused after the reduce, for an AVX2-like CPU."""
+  """The optimized product kernel of a linear layer with `epilogue` fused after the reduce, for a CPU like the host (the
+  schedule packs b's panels at the host's width, so the kernel is optimized for a renderer of that width)."""
   x, w, bias = (Tensor.rand(*s, device="CLANG").realize() for s in ((128, 256), (256, 512), (512,)))
   res = Tensor.rand(128, 512, device="CLANG").realize()
   y = x @ w + bias
   out = {"bias": y, "residual": res + y, "gelu": y.gelu()}[epilogue]
   si = create_schedule([out.lazydata])[-1]
-  return Kernel(si.ast, opts=Avx2LikeRenderer()).hand_coded_optimizations()
+  renderer = Avx512LikeRenderer() if host_simd_bytes() >= 64 else Avx2LikeRenderer()
+  return Kernel(si.ast, opts=renderer).hand_coded_optimizations()
 
 
 @pytest.mark.parametrize("epilogue", ["bias", "residual", "gelu"])
@@ -250,7 +253,8 @@ def test_fused_epilogue_keeps_the_panel_tile(epilogue: str) -> None:
   """A linear layer's bias, a residual add or an activation after the product (more buffers than a and b, read after
   the reduce) still gets the packed product's register tile (GPT-2's MLP and projections are such kernels)."""
   k = _epilogue_kernel(epilogue)
-  assert Opt(OptOps.UPCAST, 0, 4) in k.applied_opts and any(o.op is OptOps.UPCAST and o.amt == 16 for o in k.applied_opts), k.applied_opts
+  rows = 8 if host_simd_bytes() >= 64 else 4   # 4 rows x 2 vectors on AVX2, 8 x 2 with AVX-512's 32 registers
+  assert Opt(OptOps.UPCAST, 0, rows) in k.applied_opts and any(o.op is OptOps.UPCAST and o.amt == 16 for o in k.applied_opts), k.applied_opts
 
 
 @pytest.mark.parametrize("device", ["CLANG", "LLVM"])
