@@ -394,7 +394,9 @@ def cpu_hand_coded_optimizations(k: Kernel) -> bool:
   if small_threefry(k):
     return True
   lanes = simd_lanes(k)
-  if lanes > 4 and k.reduceop is None:
+  # (not random numbers on AVX-512: a 16-lane threefry keeps uint64 lanes packed and unpacked, and codegen time grows
+  # with the lanes; it keeps the width the steps below give it, as before)
+  if lanes > 4 and k.reduceop is None and (simd_registers(k) <= 16 or not any(x.op is BinaryOps.THREEFRY for x in k.ast.lazyops)):
     elementwise_full_vector(k, lanes)
   # a constant "broadcasts" along every axis but is no reuse worth registers; on a SIMD CPU it would only cut the
   # vector width of an elementwise kernel to the 4 that step picks
