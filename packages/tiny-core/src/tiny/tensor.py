@@ -2825,15 +2825,19 @@ def _scalar_operand(x: Tensor, y: Any) -> Optional[Tensor]:
   lb, dt = x.lazydata, x.lazydata.dtype
   if lb.__class__ is not LazyBuffer or isinstance(dt, ImageDType):
     return None
-  if dtypes.is_float(dt):
-    val: ConstType = dtypes.as_const(y, dt)
+  if dt in _SCALAR_FLOATS:
+    val: ConstType = float(y)   # what dtypes.as_const gives for a float dtype
   elif cls is int and dtypes.is_int(dt):
     val = _wrap_int(y, dt)
   else:
     return None
   ret = Tensor.__new__(Tensor)
-  ret.lazydata, ret.grad, ret.requires_grad, ret._ctx = lb.const(val), None, False, None
+  ret.lazydata, ret.grad, ret.requires_grad, ret._ctx = lb.fresh_const(val), None, False, None
   return ret
+
+
+# the float dtypes of a tensor (never a vector type), for one set lookup instead of dtypes.is_float
+_SCALAR_FLOATS = frozenset((dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64))
 
 
 def _wrap_int(v: int, dtype: DType) -> int:
@@ -2902,16 +2906,19 @@ def check_index_tensor(index: Tensor, size: sint, where: str, allow_negative: bo
 # *********** metadata: every Tensor method records its name on the LazyBuffers it creates ***********
 
 def _metadata_wrapper(fn: Callable[..., Any]) -> Callable[..., Any]:
+  # Metadata is frozen: without a caller to record, one instance per method serves every call (made once, not per op)
+  plain = Metadata(name=fn.__name__)
+
   @functools.wraps(fn)
   def _wrapper(*args: Any, **kwargs: Any) -> Any:
     if _METADATA.get() is not None:
       return fn(*args, **kwargs)
-    caller = ""
-    if TRACEMETA >= 2:
+    md = plain
+    if TRACEMETA.value >= 2:
       frm = inspect.currentframe()
       frm = frm.f_back if frm is not None else None
-      caller = f"{frm.f_code.co_filename}:{frm.f_lineno}" if frm is not None else ""
-    token = _METADATA.set(Metadata(name=fn.__name__, caller=caller))
+      md = Metadata(name=fn.__name__, caller=f"{frm.f_code.co_filename}:{frm.f_lineno}" if frm is not None else "")
+    token = _METADATA.set(md)
     try:
       return fn(*args, **kwargs)
     finally:
