@@ -67,3 +67,36 @@ def test_lazybuffer_class_defaults_are_per_instance_when_set() -> None:
   a.forced_realize = True
   assert not b.forced_realize and not LazyBuffer.forced_realize
   assert a._readers is not b._readers
+
+
+def test_eager_cache_tells_signed_zeros_and_nans_apart() -> None:
+  from tiny.engine import schedule
+  a = np.array([1.0, -2.0, 3.0, -4.0], dtype=np.float32)
+  x = Tensor(a).realize()
+  for _ in range(2):   # the second round runs from the eager caches
+    np.testing.assert_array_equal(np.signbit((x * 0.0).realize().numpy()), np.signbit(a * np.float32(0.0)))
+    np.testing.assert_array_equal(np.signbit((x * -0.0).realize().numpy()), np.signbit(a * np.float32(-0.0)))
+  (x + float("nan")).realize()
+  n = len(schedule._eager_asts)
+  for _ in range(3):
+    assert np.isnan((x + float("nan")).realize().numpy()).all()
+  assert len(schedule._eager_asts) == n, "a NaN constant must find its cached kernel"
+
+
+def test_eager_cache_tells_float_and_int_constants_apart() -> None:
+  from tiny.engine.schedule import _arg_key
+  assert _arg_key(2.0) != _arg_key(2) and _arg_key(1.0) != _arg_key(True) and _arg_key(0.0) != _arg_key(-0.0)
+  assert _arg_key(2.5) == _arg_key(2.5) and _arg_key(float("nan")) == _arg_key(float("nan"))
+
+
+def test_eager_realize_counts_kernels_and_reuses_buffers() -> None:
+  from tiny.helpers import GlobalCounters
+  x = Tensor.rand(16).realize()
+  y = x
+  for _ in range(3):
+    y = (y * 1.5 + 0.25).realize()
+  want = y.numpy() * np.float32(1.5) + np.float32(0.25)
+  k = GlobalCounters.kernel_count
+  y = (y * 1.5 + 0.25).realize()
+  assert GlobalCounters.kernel_count == k + 1
+  np.testing.assert_allclose(y.numpy(), want, rtol=1e-6)

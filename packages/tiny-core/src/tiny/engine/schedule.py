@@ -568,8 +568,12 @@ def _eager_ast(key: Tuple[Any, ...]) -> Optional[Tuple[LazyOp, Tuple[int, ...]]]
 
 
 def _arg_key(arg: Any) -> Any:
-  # a float by repr: -0.0 == 0.0 (and hashes alike), but the kernels they give differ
-  return ("f", repr(arg)) if isinstance(arg, float) else arg
+  """A float arg tagged, so that it never matches an equal int or bool. A zero by repr: -0.0 == 0.0 (and hashes alike), but
+  the kernels they give differ; a NaN too, since it equals nothing (its key would never be found again). Any other float
+  by value (repr, which the zeros need, costs more than the rest of the key): equal floats are the same constant."""
+  if arg.__class__ is not float:
+    return arg
+  return ("f", repr(arg)) if arg == 0 or arg != arg else ("f", arg)
 
 
 _ELEMENTWISE = (UnaryOps, BinaryOps, TernaryOps)
@@ -599,7 +603,7 @@ def _eager_graph(out: LazyBuffer) -> Optional[Tuple[Tuple[Any, ...], List[LazyBu
     key.append((b.op, _arg_key(b.arg), b.dtype, b.st))
     for x in b.srcs:
       xb = x._base if x._base is not None else x
-      if xb.realized is not None:
+      if not hasattr(xb, "srcs"):   # realized (what xb.realized says of a base, without making its Buffer object)
         key.append((-1, leaves.setdefault(xb, len(leaves)), xb.dtype, x.st))
         continue
       if xb.op is MetaOps.CONST:
