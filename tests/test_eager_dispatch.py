@@ -100,3 +100,25 @@ def test_eager_realize_counts_kernels_and_reuses_buffers() -> None:
   y = (y * 1.5 + 0.25).realize()
   assert GlobalCounters.kernel_count == k + 1
   np.testing.assert_allclose(y.numpy(), want, rtol=1e-6)
+
+
+def test_buffer_use_is_counted_while_lazybuffers_live() -> None:
+  import gc
+  from tiny.device import Buffer
+  x = Tensor.rand(8).realize()
+  buf = x.lazydata.base.buffer
+  n = buf.lb_refcount
+  v = x.lazydata.e(BinaryOps.ADD, x.lazydata)   # no Buffer until it is needed: not counted
+  assert buf.lb_refcount == n
+  y = x.contiguous().lazydata   # a base already realized: the same LazyBuffer, no new use
+  assert buf.lb_refcount == n
+  _ = v.buffer   # made on first use, counted on its own Buffer
+  assert v.buffer.lb_refcount == 1
+  other = Buffer(buf.device, 8, dtypes.float32)
+  v.buffer = other   # a new Buffer: the old use ends, the new one starts
+  assert other.lb_refcount == 1
+  v.buffer = other   # the same one again: still one use
+  assert other.lb_refcount == 1
+  del v, y
+  gc.collect()
+  assert other.lb_refcount == 0

@@ -25,6 +25,21 @@ lazycache: Dict[Any, ReferenceType[LazyBuffer]] = {}
 _LAZYCACHE = bool(getenv("LAZYCACHE", 1))
 
 
+class _BufferUse:
+  """A LazyBuffer's use of its Buffer: counted (Buffer.ref) while the LazyBuffer lives. Only the bases that have a Buffer
+  hold one, so the many that never get one (constants, the fused intermediates of eager ops) need no finalizer when
+  they die, which a __del__ on LazyBuffer itself gave every one of them."""
+
+  __slots__ = ("buf",)
+
+  def __init__(self, buf: Buffer) -> None:
+    self.buf = buf
+    buf.ref(1)
+
+  def __del__(self) -> None:
+    self.buf.ref(-1)
+
+
 def _evict(key: Any, wr: ReferenceType[LazyBuffer]) -> None:
   # called by the garbage collector when the cached LazyBuffer dies; a newer entry under the same key stays
   # one lookup: pop, and put back the rare newer entry
@@ -94,10 +109,10 @@ class LazyBuffer:
         # a view op needs no kernel: it is a Buffer aliasing the source's memory
         src = srcs[0]
         self._buffer: Buffer = src.base.buffer.view(_int_size(st), dtype, _as_int(src.st.views[0].offset) * src.dtype.itemsize)
-        self._buffer.ref(1)
+        self._use = _BufferUse(self._buffer)
       elif op is MetaOps.ASSIGN:
         self._buffer = srcs[1].base.buffer
-        self._buffer.ref(1)
+        self._use = _BufferUse(self._buffer)
       # any other base makes its Buffer on first use (see `buffer`): the intermediates of a fused kernel and the constants
       # never need one, and they are most of the bases an eager op builds
       # the ops reading this base (weakly), so an assign can tell which lazy results were made from the old contents
@@ -132,10 +147,6 @@ class LazyBuffer:
         out.append(x)
     return out
 
-  def __del__(self) -> None:
-    if hasattr(self, "_buffer"):
-      self._buffer.ref(-1)
-
   def __repr__(self) -> str:
     dt = str(self.dtype).removeprefix("dtypes.")
     return f"<LB {self.device} {self.shape} {dt} {self.st if self.base is not self else (self.op, self.realized)}>"
@@ -154,16 +165,15 @@ class LazyBuffer:
       return b._buffer
     except AttributeError:
       buf = b._buffer = Buffer(b.device, _int_size(b.st), b.dtype)
-      buf.ref(1)
+      b._use = _BufferUse(buf)
       return buf
 
   @buffer.setter
   def buffer(self, buf: Buffer) -> None:
     if self._base is not None:
       raise RuntimeError("only a base LazyBuffer has a buffer")
-    buf.ref(1)
-    if hasattr(self, "_buffer"):
-      self._buffer.ref(-1)
+    # the new use counts before the old one is dropped (they may be the same Buffer)
+    self._use = _BufferUse(buf)
     self._buffer = buf
 
   @property

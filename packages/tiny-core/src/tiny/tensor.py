@@ -60,9 +60,9 @@ class Function:
 
   def __init__(self, device: Union[str, Tuple[str, ...]], *tensors: Tensor, metadata: Optional[Metadata] = None):
     self.device = device
-    self.needs_input_grad = [t.requires_grad for t in tensors]
+    self.needs_input_grad = rg = [t.requires_grad for t in tensors]
     # True when some input needs a gradient, None when it is undecided, False when none can
-    self.requires_grad: Optional[bool] = True if any(self.needs_input_grad) else None if None in self.needs_input_grad else False
+    self.requires_grad: Optional[bool] = True if True in rg else None if None in rg else False
     if self.requires_grad:
       self.parents = tensors
     self.metadata = metadata
@@ -321,16 +321,16 @@ class Tensor:
 
   def realize(self, *lst: Tensor, do_update_stats: bool = True) -> Tensor:
     """Compute these tensors now (run their kernels). Returns self."""
-    from tiny.engine.realize import realize_eager, realize_lock, run_schedule
-    with realize_lock:
+    eng = _engine_realize()
+    with eng.realize_lock:
       # one eager op seen before runs its cached kernel directly (see realize_eager); the rest is scheduled
-      if not lst and do_update_stats and self.lazydata.__class__ is LazyBuffer and realize_eager(self.lazydata):
+      if not lst and do_update_stats and self.lazydata.__class__ is LazyBuffer and eng.realize_eager(self.lazydata):
         return self
       schedule, var_vals = self.schedule_with_vars(*lst)
       if do_update_stats:
-        run_schedule(schedule, var_vals)
+        eng.run_schedule(schedule, var_vals)
       else:
-        run_schedule(schedule, var_vals, do_update_stats=False)
+        eng.run_schedule(schedule, var_vals, do_update_stats=False)
     return self
 
   def replace(self, x: Tensor) -> Tensor:
@@ -2813,6 +2813,19 @@ def _same_bound_size(a: sint, b: sint) -> bool:
 def _floor_fix(rem: Tensor, divisor: Tensor) -> Tensor:
   """Where a truncating division must step down to floor: a nonzero C remainder whose sign differs from the divisor's."""
   return (rem != 0) & ((rem < 0) != (divisor < 0))
+
+
+_engine: Any = None
+
+
+def _engine_realize() -> Any:
+  """The module tiny.engine.realize, imported on the first realize (it pulls in the code generator, which `import tiny`
+  does not need) and kept: an import statement in every realize cost about a microsecond."""
+  global _engine
+  if _engine is None:
+    import tiny.engine.realize as eng
+    _engine = eng
+  return _engine
 
 
 def _scalar_operand(x: Tensor, y: Any) -> Optional[Tensor]:
