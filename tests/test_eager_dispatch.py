@@ -3,6 +3,7 @@ same numbers as the general paths."""
 import pickle
 
 import numpy as np
+import pytest
 
 from tiny.dtype import dtypes
 from tiny.lazy import LazyBuffer, lazycache
@@ -122,3 +123,14 @@ def test_buffer_use_is_counted_while_lazybuffers_live() -> None:
   del v, y
   gc.collect()
   assert other.lb_refcount == 0
+
+
+@pytest.mark.parametrize("device", ["PYTHON", "CLANG"])
+def test_symbolic_launch_sizes_are_not_fixed_once(device: str) -> None:
+  """A kernel may have a symbolic launch size and no Variable argument (PYTHON, GPU): its launch is worked out per call."""
+  from tiny.shape.symbolic import Variable
+  base = np.arange(30, dtype=np.float32).reshape(3, 10)
+  for n in (3, 7):
+    vi = Variable("i", 1, 10).bind(n)
+    t = Tensor(base, device=device).shrink(((0, 3), (0, vi)))
+    np.testing.assert_allclose(t.sum(0).sum().numpy(), base[:, :n].sum())

@@ -62,8 +62,8 @@ class CompiledRunner(Runner):
     self.lib = precompiled if precompiled is not None else dev.compiler.compile_cached(p.src)
     self.clprg = dev.runtime(to_function_name(p.name), self.lib)
     super().__init__(p.name, p.dname, p.op_estimate, p.mem_estimate)
-    if not p.vars:
-      # no Variables: the launch arguments are the same every call, so they are worked out once
+    if not p.vars and all(isinstance(d, int) for d in [*(p.global_size or ()), *(p.local_size or ())]):
+      # no Variables, in the arguments or the launch sizes: the launch is the same every call, so it is worked out once
       global_size, local_size = p.launch_dims({})
       self._launch = {"global_size": tuple(global_size)} if global_size else {}
       if local_size:
