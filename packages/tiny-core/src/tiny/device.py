@@ -24,10 +24,17 @@ if TYPE_CHECKING:
 __all__ = ["Buffer", "BufferOptions", "Allocator", "LRUAllocator", "MallocAllocator", "Compiler", "CompileError", "Compiled", "Device"]  # noqa: F822
 
 
+_Registry: Optional[_Device] = None
+
+
 def _registry() -> _Device:
-  # the registry builds Compiled devices from this module, so it imports this one: a Buffer finds its device through it at run time
-  from tiny.registry import Device
-  return Device
+  # the registry builds Compiled devices from this module, so it imports this one: a Buffer finds its device through it at run
+  # time (kept once found: an import statement per buffer allocation costs more than the allocation)
+  global _Registry
+  if _Registry is None:
+    from tiny.registry import Device
+    _Registry = Device
+  return _Registry
 
 
 def __getattr__(name: str) -> Any:
@@ -286,8 +293,13 @@ class LRUAllocator(Allocator):
         super().free(opaque, sz, options)
       opaques.clear()
 
+  # LRU=0 turns the cache off; read on the first free (not on every one: an environment lookup costs more than the free)
+  _lru: Optional[bool] = None
+
   def free(self, opaque: Any, size: int, options: Optional[BufferOptions] = None) -> None:
-    if getenv("LRU", 1) and (options is None or not options.nolru):
+    if (lru := self._lru) is None:
+      lru = self._lru = bool(getenv("LRU", 1))
+    if lru and (options is None or not options.nolru):
       self.cache[(size, options)].append(opaque)
     else:
       super().free(opaque, size, options)

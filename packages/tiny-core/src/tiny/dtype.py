@@ -20,6 +20,17 @@ class DType:
   fmt: Optional[str]
   count: int
 
+  def __hash__(self) -> int:
+    # the hash the dataclass would compute, kept once computed: dtypes are in every lazy cache and kernel cache key
+    # (subclasses are dataclasses of their own and hash their extra fields as before)
+    if (ret := self.__dict__.get("_hash")) is None:
+      ret = self.__dict__["_hash"] = hash((self.priority, self.itemsize, self.name, self.fmt, self.count))
+    return ret
+
+  def __getstate__(self) -> Dict[str, Any]:
+    # str hashes are salted per process: a cached hash must not travel in a pickle
+    return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
   def __repr__(self) -> str:
     if self.count == 1:
       return f"dtypes.{INVERSE_DTYPES_DICT[self.name]}"

@@ -25,6 +25,21 @@ lazycache: Dict[Any, ReferenceType[LazyBuffer]] = {}
 _LAZYCACHE = bool(getenv("LAZYCACHE", 1))
 
 
+class _BufferUse:
+  """A LazyBuffer's use of its Buffer: counted (Buffer.ref) while the LazyBuffer lives. Only the bases that have a Buffer
+  hold one, so the many that never get one (constants, the fused intermediates of eager ops) need no finalizer when
+  they die, which a __del__ on LazyBuffer itself gave every one of them."""
+
+  __slots__ = ("buf",)
+
+  def __init__(self, buf: Buffer) -> None:
+    self.buf = buf
+    buf.ref(1)
+
+  def __del__(self) -> None:
+    self.buf.ref(-1)
+
+
 def _evict(key: Any, wr: ReferenceType[LazyBuffer]) -> None:
   # called by the garbage collector when the cached LazyBuffer dies; a newer entry under the same key stays
   # one lookup: pop, and put back the rare newer entry
@@ -71,10 +86,19 @@ def create_lazybuffer(device: str, st: ShapeTracker, dtype: DType, op: Optional[
 class LazyBuffer:
   """A lazily computed array: a base (op + sources + buffer) or a view (ShapeTracker over a base)."""
 
+  # defaults every base starts with, kept on the class: an eager op builds several bases, and each instance store costs
+  _base: Optional[LazyBuffer] = None
+  contiguous_child: Optional[Tuple[ReferenceType[LazyBuffer], ShapeTracker]] = None
+  forced_realize = False
+  _sweep_at = 32
+  stale_readers: Tuple[ReferenceType[LazyBuffer], ...] = ()
+  # True on a constant made for one `Tensor <op> python scalar` (see fresh_const): no other node can read it, so an op
+  # on it is never found in the lazy cache and is not put there (see e)
+  _fresh_const = False
+
   def __init__(self, device: str, st: ShapeTracker, dtype: DType, op: Optional[Op] = None, arg: Any = None, srcs: Tuple[LazyBuffer, ...] = (),
                base: Optional[LazyBuffer] = None, metadata: Optional[Metadata] = None):
     self.device, self.st, self.dtype, self.shape, self.size, self.metadata = device, st, dtype, st.shape, st.size, metadata
-    self._base: Optional[LazyBuffer] = None
     if base is None:
       assert op is not None, "a base LazyBuffer needs an op"
       self.op: Op = op
@@ -85,18 +109,14 @@ class LazyBuffer:
         # a view op needs no kernel: it is a Buffer aliasing the source's memory
         src = srcs[0]
         self._buffer: Buffer = src.base.buffer.view(_int_size(st), dtype, _as_int(src.st.views[0].offset) * src.dtype.itemsize)
-        self._buffer.ref(1)
+        self._use = _BufferUse(self._buffer)
       elif op is MetaOps.ASSIGN:
         self._buffer = srcs[1].base.buffer
-        self._buffer.ref(1)
+        self._use = _BufferUse(self._buffer)
       # any other base makes its Buffer on first use (see `buffer`): the intermediates of a fused kernel and the constants
       # never need one, and they are most of the bases an eager op builds
-      self.contiguous_child: Optional[Tuple[ReferenceType[LazyBuffer], ShapeTracker]] = None
-      self.forced_realize = False
       # the ops reading this base (weakly), so an assign can tell which lazy results were made from the old contents
       self._readers: List[ReferenceType[LazyBuffer]] = []
-      self._sweep_at = 32
-      self.stale_readers: Tuple[ReferenceType[LazyBuffer], ...] = ()
       if srcs:
         me = ref(self)
         for s in srcs:
@@ -105,7 +125,7 @@ class LazyBuffer:
           if len(rs) >= b._sweep_at:
             b._sweep_readers()
     else:
-      if base.base is not base:
+      if base._base is not None:
         raise RuntimeError("the base of a view must be a base")
       self._base = base
 
@@ -127,10 +147,6 @@ class LazyBuffer:
         out.append(x)
     return out
 
-  def __del__(self) -> None:
-    if hasattr(self, "_buffer"):
-      self._buffer.ref(-1)
-
   def __repr__(self) -> str:
     dt = str(self.dtype).removeprefix("dtypes.")
     return f"<LB {self.device} {self.shape} {dt} {self.st if self.base is not self else (self.op, self.realized)}>"
@@ -149,16 +165,15 @@ class LazyBuffer:
       return b._buffer
     except AttributeError:
       buf = b._buffer = Buffer(b.device, _int_size(b.st), b.dtype)
-      buf.ref(1)
+      b._use = _BufferUse(buf)
       return buf
 
   @buffer.setter
   def buffer(self, buf: Buffer) -> None:
     if self._base is not None:
       raise RuntimeError("only a base LazyBuffer has a buffer")
-    buf.ref(1)
-    if hasattr(self, "_buffer"):
-      self._buffer.ref(-1)
+    # the new use counts before the old one is dropped (they may be the same Buffer)
+    self._use = _BufferUse(buf)
     self._buffer = buf
 
   @property
@@ -207,6 +222,20 @@ class LazyBuffer:
     st = _broadcast_st(shape)
     # an empty shape takes the general path, which turns it into an empty constant of its own
     return LazyBuffer(self.device, st, self.dtype, base=base) if st.size != 0 else base._view(st)
+
+  def fresh_const(self, val: ConstType) -> LazyBuffer:
+    """const(val) in this shape for one `Tensor <op> python scalar`: val must already be what dtypes.as_const gives for
+    this dtype. The op reading it is its only reader, so that op skips the lazy cache (see e): it could never be found
+    there, since no other node reads this constant."""
+    base = LazyBuffer(self.device, _SCALAR_ST, self.dtype, MetaOps.CONST, val, metadata=_METADATA.get())
+    if not (shape := self.shape):
+      ret = base
+    elif (st := _broadcast_st(shape)).size != 0:
+      ret = LazyBuffer(self.device, st, self.dtype, base=base)
+    else:
+      return base._view(st)   # an empty constant of its own (see const)
+    ret._fresh_const = True
+    return ret
 
   def assign(self, x: LazyBuffer) -> LazyBuffer:
     """Write x into this (realized) buffer; the result aliases it."""
@@ -283,18 +312,27 @@ class LazyBuffer:
   def e(self, op: Op, *in_srcs: LazyBuffer, arg: Any = None) -> LazyBuffer:
     """Elementwise op (Unary/Binary/Ternary, or CONTIGUOUS/VIEW) of self and in_srcs, with constant folding."""
     srcs = (self,) + in_srcs
-    # a base that was made contiguous elsewhere is read from that copy (rare: checked cheaply first)
-    if any(s._base is None and s.contiguous_child is not None for s in srcs):
-      srcs = tuple(root._view(s.contiguous_child[1]) if s._base is None and s.contiguous_child is not None and
-                   (root := s.contiguous_child[0]()) is not None else s for s in srcs)
+    # plain loops, not any(genexpr): this runs for every op, and the usual sources (one or two bases or views of one dtype
+    # and shape) need none of the rare paths
+    for s in srcs:
+      if s._base is None and s.contiguous_child is not None:
+        # a base that was made contiguous elsewhere is read from that copy
+        srcs = tuple(root._view(s.contiguous_child[1]) if s._base is None and s.contiguous_child is not None and
+                     (root := s.contiguous_child[0]()) is not None else s for s in srcs)
+        break
     dtype0, shape0 = srcs[-1].dtype, srcs[0].shape
-    # the usual case (every source of one dtype and shape) needs none of the checks' work
-    if op is TernaryOps.WHERE or any(x.dtype is not dtype0 for x in srcs) or any(x.shape != shape0 for x in srcs):
+    cache, check = True, op is TernaryOps.WHERE
+    for s in srcs:
+      if s.dtype is not dtype0 or s.shape != shape0:
+        check = True
+      if s._fresh_const:
+        cache = False
+    if check:
       _check_elementwise(op, srcs)
     out_dtype = dtypes.bool if op is BinaryOps.CMPLT or op is BinaryOps.CMPNE else dtype0
 
     consts = [_unmasked_const(x) for x in srcs]
-    if op in python_alu and all(consts):
+    if all(consts) and op in python_alu:
       return self.cast(out_dtype).const(exec_alu(op, out_dtype, [s.base.arg for s in srcs]))
     if op is UnaryOps.NEG and self._base is None and self.op is UnaryOps.NEG and self.realized is None:
       return self.srcs[0]
@@ -313,7 +351,7 @@ class LazyBuffer:
           return a.const(0)
         if op is BinaryOps.MUL and val == -1:
           return a.e(UnaryOps.NEG)
-    return create_lazybuffer(self.device, ShapeTracker.from_shape(shape0), out_dtype, op, arg, srcs)
+    return create_lazybuffer(self.device, ShapeTracker.from_shape(shape0), out_dtype, op, arg, srcs, enable_cache=cache and _LAZYCACHE)
 
   def _reduce_op(self, op: ReduceOps, axis: Tuple[int, ...]) -> LazyBuffer:
     if any(not 0 <= a < len(self.shape) for a in axis):
@@ -411,7 +449,12 @@ def _unmasked_const(x: LazyBuffer) -> bool:
   b = x._base
   if b is None:
     return x.op is MetaOps.CONST and hasattr(x, "srcs") and not isinstance(x.arg, Variable)
-  return b.op is MetaOps.CONST and hasattr(b, "srcs") and not isinstance(b.arg, Variable) and all(v.mask is None for v in x.st.views)
+  if b.op is not MetaOps.CONST or not hasattr(b, "srcs") or isinstance(b.arg, Variable):
+    return False
+  for v in x.st.views:
+    if v.mask is not None:
+      return False
+  return True
 
 
 def _check_elementwise(op: Op, srcs: Tuple[LazyBuffer, ...]) -> None:

@@ -60,9 +60,9 @@ class Function:
 
   def __init__(self, device: Union[str, Tuple[str, ...]], *tensors: Tensor, metadata: Optional[Metadata] = None):
     self.device = device
-    self.needs_input_grad = [t.requires_grad for t in tensors]
+    self.needs_input_grad = rg = [t.requires_grad for t in tensors]
     # True when some input needs a gradient, None when it is undecided, False when none can
-    self.requires_grad: Optional[bool] = True if any(self.needs_input_grad) else None if None in self.needs_input_grad else False
+    self.requires_grad: Optional[bool] = True if True in rg else None if None in rg else False
     if self.requires_grad:
       self.parents = tensors
     self.metadata = metadata
@@ -321,16 +321,16 @@ class Tensor:
 
   def realize(self, *lst: Tensor, do_update_stats: bool = True) -> Tensor:
     """Compute these tensors now (run their kernels). Returns self."""
-    from tiny.engine.realize import realize_eager, realize_lock, run_schedule
-    with realize_lock:
+    eng = _engine_realize()
+    with eng.realize_lock:
       # one eager op seen before runs its cached kernel directly (see realize_eager); the rest is scheduled
-      if not lst and do_update_stats and self.lazydata.__class__ is LazyBuffer and realize_eager(self.lazydata):
+      if not lst and do_update_stats and self.lazydata.__class__ is LazyBuffer and eng.realize_eager(self.lazydata):
         return self
       schedule, var_vals = self.schedule_with_vars(*lst)
       if do_update_stats:
-        run_schedule(schedule, var_vals)
+        eng.run_schedule(schedule, var_vals)
       else:
-        run_schedule(schedule, var_vals, do_update_stats=False)
+        eng.run_schedule(schedule, var_vals, do_update_stats=False)
     return self
 
   def replace(self, x: Tensor) -> Tensor:
@@ -2815,6 +2815,19 @@ def _floor_fix(rem: Tensor, divisor: Tensor) -> Tensor:
   return (rem != 0) & ((rem < 0) != (divisor < 0))
 
 
+_engine: Any = None
+
+
+def _engine_realize() -> Any:
+  """The module tiny.engine.realize, imported on the first realize (it pulls in the code generator, which `import tiny`
+  does not need) and kept: an import statement in every realize cost about a microsecond."""
+  global _engine
+  if _engine is None:
+    import tiny.engine.realize as eng
+    _engine = eng
+  return _engine
+
+
 def _scalar_operand(x: Tensor, y: Any) -> Optional[Tensor]:
   """The common `x * 1.5` / `x + 1` of _broadcasted in one step: a Python float (or int with an int tensor) that takes x's
   dtype becomes a constant already in x's shape, so nothing is cast or broadcast. None when another path applies: the
@@ -2825,15 +2838,19 @@ def _scalar_operand(x: Tensor, y: Any) -> Optional[Tensor]:
   lb, dt = x.lazydata, x.lazydata.dtype
   if lb.__class__ is not LazyBuffer or isinstance(dt, ImageDType):
     return None
-  if dtypes.is_float(dt):
-    val: ConstType = dtypes.as_const(y, dt)
+  if dt in _SCALAR_FLOATS:
+    val: ConstType = float(y)   # what dtypes.as_const gives for a float dtype
   elif cls is int and dtypes.is_int(dt):
     val = _wrap_int(y, dt)
   else:
     return None
   ret = Tensor.__new__(Tensor)
-  ret.lazydata, ret.grad, ret.requires_grad, ret._ctx = lb.const(val), None, False, None
+  ret.lazydata, ret.grad, ret.requires_grad, ret._ctx = lb.fresh_const(val), None, False, None
   return ret
+
+
+# the float dtypes of a tensor (never a vector type), for one set lookup instead of dtypes.is_float
+_SCALAR_FLOATS = frozenset((dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64))
 
 
 def _wrap_int(v: int, dtype: DType) -> int:
@@ -2902,16 +2919,19 @@ def check_index_tensor(index: Tensor, size: sint, where: str, allow_negative: bo
 # *********** metadata: every Tensor method records its name on the LazyBuffers it creates ***********
 
 def _metadata_wrapper(fn: Callable[..., Any]) -> Callable[..., Any]:
+  # Metadata is frozen: without a caller to record, one instance per method serves every call (made once, not per op)
+  plain = Metadata(name=fn.__name__)
+
   @functools.wraps(fn)
   def _wrapper(*args: Any, **kwargs: Any) -> Any:
     if _METADATA.get() is not None:
       return fn(*args, **kwargs)
-    caller = ""
-    if TRACEMETA >= 2:
+    md = plain
+    if TRACEMETA.value >= 2:
       frm = inspect.currentframe()
       frm = frm.f_back if frm is not None else None
-      caller = f"{frm.f_code.co_filename}:{frm.f_lineno}" if frm is not None else ""
-    token = _METADATA.set(Metadata(name=fn.__name__, caller=caller))
+      md = Metadata(name=fn.__name__, caller=f"{frm.f_code.co_filename}:{frm.f_lineno}" if frm is not None else "")
+    token = _METADATA.set(md)
     try:
       return fn(*args, **kwargs)
     finally:

@@ -62,11 +62,23 @@ class CompiledRunner(Runner):
     self.lib = precompiled if precompiled is not None else dev.compiler.compile_cached(p.src)
     self.clprg = dev.runtime(to_function_name(p.name), self.lib)
     super().__init__(p.name, p.dname, p.op_estimate, p.mem_estimate)
+    if not p.vars and all(isinstance(d, int) for d in [*(p.global_size or ()), *(p.local_size or ())]):
+      # no Variables, in the arguments or the launch sizes: the launch is the same every call, so it is worked out once
+      global_size, local_size = p.launch_dims({})
+      self._launch = {"global_size": tuple(global_size)} if global_size else {}
+      if local_size:
+        self._launch["local_size"] = tuple(local_size)
+      self._launch["vals"] = ()
 
   def __reduce__(self) -> Tuple[Any, ...]:
     return self.__class__, (self.p, self.lib)
 
+  # the launch keywords of a kernel without Variables (see __init__); None: worked out per call
+  _launch: Optional[Dict[str, Any]] = None
+
   def __call__(self, rawbufs: List[Buffer], var_vals: Dict[Variable, int], wait: bool = False) -> Optional[float]:
+    if (launch := self._launch) is not None:
+      return self.clprg(*[x._buf for x in rawbufs], **launch, wait=wait)
     global_size, local_size = self.p.launch_dims(var_vals)
     kwargs: Dict[str, Any] = {}
     if global_size:
@@ -529,8 +541,24 @@ def realize_eager(lb: LazyBuffer) -> bool:
   runner, idx = _runner_for(dname, ast)
   # from here on it is scheduled, as _scheduled does it: the output stops holding its graph
   del out.srcs
-  ExecItem(runner, [bufs[i] for i in idx]).run()
+  _run_kernel(runner, [bufs[i] for i in idx])
   return True
+
+
+_NO_VARS: Dict[Variable, int] = {}
+
+
+def _run_kernel(runner: CompiledRunner, bufs: List[Buffer]) -> None:
+  """What ExecItem(runner, bufs).run() does for a kernel with no Variables, no DEBUG output and no JIT capture (the
+  eager fast path): allocate, run, count. Without the ExecItem, list copies and symbolic estimates in between."""
+  for b in bufs:
+    if not hasattr(b, "_buf"):
+      b.allocate()
+  runner(bufs, _NO_VARS)
+  op_est, mem_est = runner.op_estimate, runner.mem_estimate
+  GlobalCounters.kernel_count += 1
+  GlobalCounters.global_ops += op_est if op_est.__class__ is int else sym_infer(op_est, _NO_VARS)
+  GlobalCounters.global_mem += mem_est if mem_est.__class__ is int else sym_infer(mem_est, _NO_VARS)
 
 
 def _run_cached_schedule(lb: LazyBuffer) -> bool:

@@ -568,8 +568,12 @@ def _eager_ast(key: Tuple[Any, ...]) -> Optional[Tuple[LazyOp, Tuple[int, ...]]]
 
 
 def _arg_key(arg: Any) -> Any:
-  # a float by repr: -0.0 == 0.0 (and hashes alike), but the kernels they give differ
-  return ("f", repr(arg)) if isinstance(arg, float) else arg
+  """A float arg tagged, so that it never matches an equal int or bool. A zero by repr: -0.0 == 0.0 (and hashes alike), but
+  the kernels they give differ; a NaN too, since it equals nothing (its key would never be found again). Any other float
+  by value (repr, which the zeros need, costs more than the rest of the key): equal floats are the same constant."""
+  if arg.__class__ is not float:
+    return arg
+  return ("f", repr(arg)) if arg == 0 or arg != arg else ("f", arg)
 
 
 _ELEMENTWISE = (UnaryOps, BinaryOps, TernaryOps)
@@ -590,20 +594,20 @@ def _eager_graph(out: LazyBuffer) -> Optional[Tuple[Tuple[Any, ...], List[LazyBu
   leaves: Dict[LazyBuffer, int] = {}
   nodes: List[LazyBuffer] = [out]
   key: List[Any] = []
-  i = 0
-  while i < len(nodes):
-    b = nodes[i]
-    i += 1
-    if b.op is MetaOps.CONST:
+  add = key.append
+  for b in nodes:   # grows while it is walked: breadth first
+    if b.op is _CONST:
       continue
-    key.append((b.op, _arg_key(b.arg), b.dtype, b.st))
+    arg = b.arg
+    add((b.op, arg if arg.__class__ is not float else _arg_key(arg), b.dtype, b.st))
     for x in b.srcs:
       xb = x._base if x._base is not None else x
-      if xb.realized is not None:
-        key.append((-1, leaves.setdefault(xb, len(leaves)), xb.dtype, x.st))
+      if not hasattr(xb, "srcs"):   # realized (what xb.realized says of a base, without making its Buffer object)
+        add((-1, leaves.setdefault(xb, len(leaves)), xb.dtype, x.st))
         continue
-      if xb.op is MetaOps.CONST:
-        key.append((-2, _arg_key(xb.arg), xb.dtype, x.st))
+      if xb.op is _CONST:
+        arg = xb.arg
+        add((-2, arg if arg.__class__ is not float else _arg_key(arg), xb.dtype, x.st))
         nodes.append(xb)   # for the metadata only
         continue
       if xb.op is MetaOps.ARANGE and xb.device == out.device:
@@ -617,8 +621,11 @@ def _eager_graph(out: LazyBuffer) -> Optional[Tuple[Tuple[Any, ...], List[LazyBu
           return None
         n = ids[xb] = len(ids)
         nodes.append(xb)
-      key.append((n, x.st if x is not xb else None))
+      add((n, x.st if x is not xb else None))
   return tuple(key), list(leaves), nodes
+
+
+_CONST = MetaOps.CONST
 
 
 # the kernel AST of an eager graph by its structural key (see _eager_graph), with the positions of its input buffers among

@@ -42,7 +42,7 @@ class ShapeTracker:
 
   def __getstate__(self) -> Dict[str, Any]:
     # str hashes are salted per process: a cached hash must not travel in a pickle
-    return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+    return {k: v for k, v in self.__dict__.items() if k not in ("_hash", "shape", "size")}
 
   def __add__(self, st: ShapeTracker) -> ShapeTracker:
     """Compose: st's views applied on top of self (st indexes self's shape)."""
@@ -74,11 +74,13 @@ class ShapeTracker:
   def consecutive(self) -> bool:
     return len(self.views) == 1 and (v := self.views[0]).mask is None and v.strides == strides_for_shape(v.shape)
 
-  @property
+  # shape and size are read for every LazyBuffer made on this tracker (and the trackers of from_shape are shared): kept in
+  # the instance dict once read (the views are frozen, so they cannot go stale)
+  @functools.cached_property
   def shape(self) -> Tuple[sint, ...]:
     return self.views[-1].shape
 
-  @property
+  @functools.cached_property
   def size(self) -> int:
     return self.views[-1].size()
 
