@@ -6,6 +6,7 @@ import glob
 import os
 import shutil
 import tempfile
+import time
 
 import numpy as np
 import pytest
@@ -86,7 +87,10 @@ def test_no_files_left_behind() -> None:
   with pytest.raises(CompileError):
     ClangCompiler().compile("this is not C")
   leaked = [p for p in listing() - before if "tiny_clang" in os.path.basename(p)]
-  assert leaked == []
+  # other processes (the other test worker) load kernels too, each through a file that lives a few microseconds: a leak
+  # is a file that is still there a moment later
+  time.sleep(0.5)
+  assert [p for p in leaked if os.path.exists(p)] == []
 
 
 def test_probes(monkeypatch: pytest.MonkeyPatch) -> None:

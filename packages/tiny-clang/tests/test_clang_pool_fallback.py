@@ -33,16 +33,21 @@ def test_native_pool_note(fresh_pool: None) -> None:
   assert pool.fallback_reason is None
 
 
-def test_pool_builds_in_background(fresh_pool: None) -> None:
+def test_pool_builds_in_background(fresh_pool: None, monkeypatch: pytest.MonkeyPatch) -> None:
   """Making a CLANG/LLVM device starts the pool's build on a daemon thread (its compile overlaps the first kernels')."""
   import threading
   if compiler.find_cc() is None:
     pytest.skip("no C compiler here")
+  # the build is held until the thread has been seen: with a warm compile cache it could finish before we look
+  release, real_get_pool = threading.Event(), pool.get_pool
+  monkeypatch.setattr(pool, "get_pool", lambda: release.wait(60) and real_get_pool())
   pool.build_in_background()
   builders = [t for t in threading.enumerate() if t.name == "tiny-clang-pool-build"]
+  release.set()
   assert builders and all(t.daemon for t in builders)
   for t in builders:
     t.join(timeout=120)
+  monkeypatch.setattr(pool, "get_pool", real_get_pool)
   assert isinstance(pool._pool, pool.NativePool) and pool.get_pool() is pool._pool
   pool.build_in_background()   # built: nothing more to start
   assert not [t for t in threading.enumerate() if t.name == "tiny-clang-pool-build" and t.is_alive()]
