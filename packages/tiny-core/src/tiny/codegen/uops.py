@@ -336,16 +336,29 @@ class UPat:
   op/dtype: one value or a set of them (None matches anything); arg: compared with ==, None matches anything;
   src: None (anything), a tuple of UPats (in order; both orders for a commutative ALU with two sources),
   a list of UPats (any permutation), or a single UPat every source must match; name binds the matched uop
-  (a name used twice must bind the same uop); allow_any_len lets a tuple src match a prefix of the sources."""
+  (a name used twice must bind the same uop); allow_any_len lets a tuple src match a prefix of the sources;
+  any_src_op (one op or a set) requires at least one source with such an op: a rule that only acts on some sources says
+  so here, and is then never even tried on the many uops without one (the matcher's candidate lists filter on it)."""
 
-  __slots__ = ("op", "dtype", "arg", "src", "name", "allow_any_len")
+  __slots__ = ("op", "dtype", "arg", "src", "name", "allow_any_len", "any_src_op", "_compiled")
 
   def __init__(self, op: Any = None, arg: Any = None, src: Any = None, name: Optional[str] = None, dtype: Any = None,
-               allow_any_len: bool = False) -> None:
+               allow_any_len: bool = False, any_src_op: Any = None) -> None:
     self.op: Optional[Tuple[UOps, ...]] = None if op is None else (tuple(op) if isinstance(op, (set, tuple, list, frozenset)) else (op,))
     self.dtype: Optional[Tuple[DType, ...]] = None if dtype is None else \
       (tuple(dtype) if isinstance(dtype, (set, tuple, list, frozenset)) else (dtype,))
     self.arg, self.src, self.name, self.allow_any_len = arg, src, name, allow_any_len
+    self.any_src_op: Optional[Tuple[UOps, ...]] = None if any_src_op is None else \
+      (tuple(any_src_op) if isinstance(any_src_op, (set, tuple, list, frozenset)) else (any_src_op,))
+    self._compiled: Optional[Callable[[UOp], List[Dict[str, UOp]]]] = None
+
+  def match(self, u: UOp) -> List[Dict[str, UOp]]:
+    """Every way u matches this pattern, as dicts of bound names (what `_match(u, self, {})` gives), by code generated
+    for this pattern on first use (see tiny.codegen.upat_compile): a pattern must not be changed after its first match."""
+    if (fn := self._compiled) is None:
+      from tiny.codegen.upat_compile import compile_upat
+      fn = self._compiled = compile_upat(self)
+    return fn(u)
 
   @staticmethod
   def var(name: Optional[str] = None, dtype: Any = None) -> UPat:
@@ -385,6 +398,8 @@ def _match(u: UOp, pat: UPat, store: Dict[str, UOp]) -> List[Dict[str, UOp]]:
     return []
   if pat.arg is not None and not _arg_eq(u.arg, pat.arg):
     return []
+  if pat.any_src_op is not None and not any(s.op in pat.any_src_op for s in u.src):
+    return []
   if pat.name is not None:
     store = {**store, pat.name: u}
   if pat.src is None:
@@ -419,6 +434,8 @@ def _match(u: UOp, pat: UPat, store: Dict[str, UOp]) -> List[Dict[str, UOp]]:
 def _ops_may_match(u: UOp, pat: UPat) -> bool:
   """A cheap necessary condition for _match that looks only at the ops of u and of its direct sources (and whether u
   commutes), so its answer can be cached per (op, arg, source ops) of u."""
+  if pat.any_src_op is not None and not any(s.op in pat.any_src_op for s in u.src):
+    return False
   psrc = pat.src
   if psrc is None or isinstance(psrc, list):
     return True
@@ -489,7 +506,7 @@ class PatternMatcher:
     """The first replacement a rule gives for u (not recursive), or None. `known`: rules u is known to be a fixpoint
     of (they gave None for this very uop before), which are not tried again."""
     for p, fxn in (self._candidates(u) if known is None else self._candidates_beyond(u, known)):
-      for store in _match(u, p, {}):
+      for store in (p._compiled or p.match)(u):
         if (ret := fxn(**store)) is not None:
           return ret
     return None
@@ -555,13 +572,14 @@ def graph_substitute(sink: UOp, replace: Dict[UOp, UOp]) -> UOp:
   def sub(u: UOp) -> UOp:
     if (r := done.get(u)) is not None:
       return r
-    if u in replace:
-      ret = sub(replace[u])
+    if (rep := replace.get(u)) is not None:
+      ret = sub(rep)
     else:
-      new_src = tuple(sub(x) for x in u.src)
+      # list comprehensions and tuple == (UOps compare by identity): this visits every uop of the kernel
+      new_src = tuple([sub(x) for x in u.src])
       if u.op is UOps.SINK:
-        new_src = tuple(x for x in new_src if x.op is not UOps.NOOP)
-      ret = u if len(new_src) == len(u.src) and all(a is b for a, b in zip(new_src, u.src)) else UOp(u.op, u.dtype, new_src, u.arg)
+        new_src = tuple([x for x in new_src if x.op is not UOps.NOOP])
+      ret = u if new_src == u.src else UOp(u.op, u.dtype, new_src, u.arg)
     done[u] = ret
     return ret
   return sub(sink)
