@@ -59,7 +59,8 @@ _F16 = {"half": ("tiny_half", "tiny_h2f", "tiny_f2h", "tiny_rh", "tiny_h2bits", 
 
 
 def _f16kind(dt: Optional[DType]) -> Optional[str]:
-  if dt is None:
+  # called for most uops of every kernel: rule out the common case (not a 16-bit type) from the item size first
+  if dt is None or (dt.itemsize != 2 * dt.count and not isinstance(dt, PtrDType)):
     return None
   s = dt.base.scalar() if isinstance(dt, PtrDType) else dt.scalar()
   return "half" if s == dtypes.float16 else "bf16" if s == dtypes.bfloat16 else None

@@ -20,15 +20,24 @@ class DType:
   fmt: Optional[str]
   count: int
 
+  # codegen compares and hashes dtypes a few hundred thousand times per model: identity first, the hash computed once
+  # (str hashes are salted per process, so it stays out of pickles), instead of the dataclass methods that build a tuple
+  # of the fields on every call. Subclasses keep their generated methods.
+  def __eq__(self, other: object) -> bool:
+    if self is other:
+      return True
+    if other.__class__ is not self.__class__:
+      return NotImplemented
+    o: DType = other  # type: ignore[assignment]
+    return self.priority == o.priority and self.itemsize == o.itemsize and self.name == o.name and self.count == o.count and \
+      self.fmt == o.fmt
+
   def __hash__(self) -> int:
-    # the hash the dataclass would compute, kept once computed: dtypes are in every lazy cache and kernel cache key
-    # (subclasses are dataclasses of their own and hash their extra fields as before)
     if (ret := self.__dict__.get("_hash")) is None:
       ret = self.__dict__["_hash"] = hash((self.priority, self.itemsize, self.name, self.fmt, self.count))
     return ret
 
   def __getstate__(self) -> Dict[str, Any]:
-    # str hashes are salted per process: a cached hash must not travel in a pickle
     return {k: v for k, v in self.__dict__.items() if k != "_hash"}
 
   def __repr__(self) -> str:
