@@ -184,3 +184,34 @@ def test_precompile_batches_and_fills_the_disk_cache(monkeypatch: pytest.MonkeyP
   realize.run_schedule(sched2)
   for o, w in zip(again, want):
     np.testing.assert_allclose(o.numpy(), w, rtol=1e-5, atol=1e-6)
+
+
+class _CountingCompiler(Compiler):
+  """Records the size of every batch it gets; builds nothing."""
+
+  def __init__(self, min_share: int = 0) -> None:
+    super().__init__(None)
+    self.batches: List[int] = []
+    if min_share:
+      self.min_share = min_share
+
+  def compile(self, src: str) -> bytes:
+    return src.encode()
+
+  def compile_many(self, srcs):   # type: ignore[no-untyped-def]
+    self.batches.append(len(srcs))
+    return [self.compile(s) for s in srcs]
+
+
+@pytest.mark.parametrize("min_share, want", [(0, [1, 1, 2, 5]), (4, [4, 5])])
+def test_last_sources_are_not_split_below_min_share(monkeypatch: pytest.MonkeyPatch, min_share: int, want: List[int]) -> None:
+  # nothing starts while sources come (min_batch too high): every take happens after close, where the shares are cut
+  monkeypatch.setattr(realize._CompileQueue, "min_batch", 100)
+  comp = _CountingCompiler(min_share)
+  queue = realize._CompileQueue(2)
+  futs = [queue.submit(comp, f"src{i}") for i in range(9)]
+  queue.close()
+  queue.join()
+  assert [f.result() for f in futs] == [f"src{i}".encode() for i in range(9)]
+  assert sorted(comp.batches) == want, comp.batches
+  assert ClangCompiler.min_share >= 2, "each CLANG batch starts a compiler process"

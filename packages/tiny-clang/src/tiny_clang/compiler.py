@@ -251,6 +251,9 @@ class ClangCompiler(Compiler):
   # the engine hands over at most this many sources at once: 8 already spread the compiler's start over enough kernels,
   # while every kernel's link reads the whole batch object and the last batches of a first call are waited for
   max_batch = 8
+  # and when it shares out the last sources, no fewer than this many per batch: each one starts a compiler process,
+  # which costs about as much as compiling a small kernel
+  min_share = 4
 
   def compile_many(self, srcs: Sequence[str]) -> List[Optional[bytes]]:
     """Shared objects of many sources from ONE compiler process, the same code compile() gives each of them.

@@ -271,7 +271,10 @@ class _CompileQueue:
         return []
       compiler = self._pending[0][0]
       mine = [job for job in self._pending if job[0] is compiler]
-      mine = mine[:min(getattr(compiler, "max_batch", 1 << 30), -(-len(mine) // share))]
+      # a compiler whose every batch starts a process says how small a share may get (`min_share`): halving what is left
+      # at every take ended a CLANG first call with batches of 2, 1 and 1 kernels, each paying a start for one kernel
+      size = max(-(-len(mine) // share), getattr(compiler, "min_share", 1))
+      mine = mine[:min(getattr(compiler, "max_batch", 1 << 30), size)]
       taken = {id(job) for job in mine}
       self._pending = [job for job in self._pending if id(job) not in taken]
       self._running += 1
