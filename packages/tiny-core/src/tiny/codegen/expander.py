@@ -1,6 +1,7 @@
 """The expander: EXPAND/CONTRACT disappear and every lane of an upcast axis becomes its own scalar uops."""
 from __future__ import annotations
 
+import functools
 import itertools
 from typing import Dict, List, Optional, Tuple
 
@@ -16,8 +17,16 @@ def _expand_idx(args: Tuple[Tuple[int, int], ...], rpk: Dict[int, int]) -> int:
   return idx
 
 
+@functools.lru_cache(maxsize=4096)
 def _choices(args: Tuple[Tuple[int, int], ...]) -> List[Dict[int, int]]:
+  # cached: the same few axis sets come back for every uop of a kernel. Callers only read the dicts.
   return [dict(x) for x in itertools.product(*[[(axis, i) for i in range(m)] for axis, m in args])]
+
+
+@functools.lru_cache(maxsize=4096)
+def _lane_map(args: Tuple[Tuple[int, int], ...], sarg: Tuple[Tuple[int, int], ...]) -> Tuple[int, ...]:
+  """For each lane of an EXPAND over `args`, the lane of an EXPAND over `sarg` (some of those axes) it takes."""
+  return tuple(_expand_idx(sarg, rpk) for rpk in _choices(args))
 
 
 def do_expand(root: UOp) -> Optional[UOp]:
@@ -28,9 +37,11 @@ def do_expand(root: UOp) -> Optional[UOp]:
   if root.op is UOps.DEFINE_ACC:
     return None
   args = tuple(sorted(dedup(flatten([x.arg for x in expands]))))
+  # per source, its lane for every output lane (None: not an EXPAND, the same uop in every lane)
+  maps = [_lane_map(args, s.arg) if s.op is UOps.EXPAND else None for s in root.src]
   lanes = []
-  for rpk in _choices(args):
-    lanes.append(UOp(root.op, root.dtype, tuple(s.src[_expand_idx(s.arg, rpk)] if s.op is UOps.EXPAND else s for s in root.src), root.arg))
+  for lane in range(len(_choices(args))):
+    lanes.append(UOp(root.op, root.dtype, tuple([s if m is None else s.src[m[lane]] for s, m in zip(root.src, maps)]), root.arg))
   return UOp(UOps.EXPAND, root.dtype, tuple(lanes), args)
 
 
