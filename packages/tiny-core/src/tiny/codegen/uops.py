@@ -48,13 +48,12 @@ Ordering rules of the linearized list (codegen helper):
 """
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 import sys
 from dataclasses import dataclass
 from enum import Enum, auto
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Generic, Iterable, List, Optional, Sequence, Tuple, TypeVar, Union, overload
 
 from tiny.dtype import ConstType, DType, dtypes
 from tiny.ops import BinaryOps, TernaryOps, UnaryOps
@@ -79,6 +78,33 @@ class UOps(Enum):
   # members are singletons compared by identity: hash them by identity too (in C) instead of Enum's Python-level hash of the
   # name, which the pattern matcher's dict lookups used to call about a million times per compiled model
   __hash__ = object.__hash__
+
+
+_T = TypeVar("_T")
+
+
+class _memo(Generic[_T]):
+  """functools.cached_property without its lock: up to Python 3.11 every first access takes one lock shared by all
+  instances, a cost paid for each of the ~25k uops whose value range or parents a first call computes. A uop never
+  changes, so two threads computing the same value at once would store equal values."""
+
+  def __init__(self, fn: Callable[[Any], _T]) -> None:
+    self.fn, self.name, self.__doc__ = fn, fn.__name__, fn.__doc__
+
+  def __set_name__(self, owner: Any, name: str) -> None:
+    self.name = name
+
+  @overload
+  def __get__(self, obj: None, owner: Any = None) -> _memo[_T]: ...
+  @overload
+  def __get__(self, obj: object, owner: Any = None) -> _T: ...
+
+  def __get__(self, obj: Any, owner: Any = None) -> Any:
+    if obj is None:
+      return self
+    # a non-data descriptor: once the value is in the instance dict, attribute lookups find it there without calling this
+    ret = obj.__dict__[self.name] = self.fn(obj)
+    return ret
 
 
 COMMUTATIVE = {BinaryOps.ADD, BinaryOps.MUL, BinaryOps.MAX, BinaryOps.CMPNE, BinaryOps.XOR, BinaryOps.AND, BinaryOps.OR}
@@ -178,7 +204,7 @@ class UOp:
     """True for ALU ops whose two operands may be swapped."""
     return self.op is UOps.ALU and id(self.arg) in _COMMUTATIVE_IDS
 
-  @functools.cached_property
+  @_memo
   def parents(self) -> Dict[UOp, None]:
     """All transitive sources (ordered set)."""
     ret: Dict[UOp, None] = {}
@@ -187,7 +213,7 @@ class UOp:
       ret[s] = None
     return ret
 
-  @functools.cached_property
+  @_memo
   def loop_ranges(self) -> frozenset:
     """The RANGE uops this uop depends on (small sets, so this stays linear on big graphs)."""
     ret: frozenset = frozenset((self,)) if self.op is UOps.RANGE else frozenset()
@@ -213,7 +239,7 @@ class UOp:
 
   # *** value ranges, for folding ***
 
-  @functools.cached_property
+  @_memo
   def _min_max(self) -> Tuple[Any, Any]:
     return _min_max(self)
 
