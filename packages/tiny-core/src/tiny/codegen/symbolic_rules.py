@@ -66,14 +66,36 @@ def _sum(terms: Sequence[UOp], like: UOp) -> UOp:
   return functools.reduce(lambda a, b: a + b, terms) if terms else like.const_like(0)
 
 
+def _dtype_max(x: UOp) -> float:
+  """The largest value x's (int) dtype holds; unbounded for bigint (symbolic shapes)."""
+  if x.dtype is None or x.dtype.scalar() == dtypes.bigint:
+    return math.inf
+  return dtypes.max(x.dtype.scalar())
+
+
+def _may_wrap(x: UOp, terms: Sequence[UOp]) -> bool:
+  """The sum x of terms may have wrapped around its unsigned dtype, so that x is not the integer sum of the terms.
+
+  A signed sum that may overflow already shows a negative vmin (its range falls back to the dtype's, see _min_max), which
+  the folds refuse; an unsigned one falls back to [0, max], which looks like any other non-negative range. A term whose
+  range reaches the dtype's max may itself have wrapped (uint8 -z): refused too, as is a sum of maxima past the max."""
+  if x.dtype is None or not dtypes.is_unsigned(x.dtype.scalar()):
+    return False
+  top = _dtype_max(x)
+  return any(t.vmax >= top for t in terms) or sum(t.vmax for t in terms) > top
+
+
 def _fold_div_mod(x: UOp, c: UOp, op: BinaryOps) -> Optional[UOp]:
   """(q*c + r) // c -> q + r//c and (q*c + r) % c -> r % c, for non-negative x and r (C and floor division agree there)."""
   if not isinstance(c.arg, int) or c.arg <= 0 or not is_int(x) or x.vmin < 0:
     return None
   if x.vmax < c.arg:
     return x if op is BinaryOps.MOD else x.const_like(0)
+  terms = _terms(x)
+  if _may_wrap(x, terms):
+    return None
   quo, rem = [], []
-  for t in _terms(x):
+  for t in terms:
     if (d := t.divides(c.arg)) is not None:
       quo.append(d)
     else:
@@ -81,7 +103,8 @@ def _fold_div_mod(x: UOp, c: UOp, op: BinaryOps) -> Optional[UOp]:
   if not quo:
     # nested division: (x // a) // b -> x // (a*b)
     if op is BinaryOps.IDIV and x.op is UOps.ALU and x.arg is BinaryOps.IDIV and x.src[1].op is UOps.CONST and x.src[0].vmin >= 0:
-      return x.src[0] // (x.src[1].arg * c.arg)
+      # a divisor past the dtype's range (it would wrap, even to 0) leaves 0: x//a//b < 1 there
+      return x.src[0] // (x.src[1].arg * c.arg) if x.src[1].arg * c.arg <= _dtype_max(x) else x.const_like(0)
     # (x % (k*c)) % c -> x % c
     if op is BinaryOps.MOD and x.op is UOps.ALU and x.arg is BinaryOps.MOD and x.src[1].op is UOps.CONST and x.src[1].arg % c.arg == 0:
       return x.src[0] % c.arg
