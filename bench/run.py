@@ -599,7 +599,8 @@ def main() -> None:
   if lim is not None:
     limits.measure.cache_clear()
     if (again := limits.measure()) is not None:
-      lim = limits.Limits(max(lim.peak_gflops, again.peak_gflops), max(lim.stream_gbs, again.stream_gbs), lim.threads, lim.vector_bytes)
+      lim = limits.Limits(max(lim.peak_gflops, again.peak_gflops), max(lim.stream_gbs, again.stream_gbs), lim.threads, lim.vector_bytes,
+                          max(lim.copy_gbs, again.copy_gbs), max(lim.read_gbs, again.read_gbs))
   elapsed = time.perf_counter() - t0
   table = to_markdown(results, lim)
   load = f"load average {load_before[0]:.1f} at start, {os.getloadavg()[0]:.1f} at end ({elapsed / 60:.1f} min)"
