@@ -3,7 +3,7 @@
 - a vector times a row-major matrix (`x @ W` with one row of x, GPT-2's decode step) gets a strip of 8 vector
   accumulators (64 lanes), so each reduce step reads 4 cache lines of a weight row instead of 1;
 - a long row max (softmax's first kernel) gets 4 rows of vector accumulators, 4 independent chains in the loop;
-- AVX-512 (32 registers) keeps its previous choices for both.
+- AVX-512 (32 registers) gets a strip of 8 zmm vectors for the first and keeps its previous choice for the second.
 
 Opts are chosen for renderers that declare their vector shape (independent of this host) and run on the PYTHON device
 against numpy; odd sizes also run end to end on CLANG and LLVM with the host's own heuristic."""
@@ -70,10 +70,22 @@ def test_avx2_matvec_strip_narrows_to_what_divides() -> None:
   assert k.applied_opts == [Opt(OptOps.UPCAST, 0, 16)], k.applied_opts
 
 
-def test_avx512_matvec_is_unchanged() -> None:
-  """AVX-512 keeps the matmul strip of 2 vectors for one row."""
+def test_avx512_matvec_strip_is_8_vectors() -> None:
+  """AVX-512: 128 contiguous outputs in 8 zmm accumulators (8 cache lines of each weight row); 192 takes 4 vectors."""
   k, _, _ = _matvec(768, 3072, Avx512LikeRenderer())
-  assert k.applied_opts == [Opt(OptOps.UPCAST, 0, 16), Opt(OptOps.UPCAST, 0, 2)], k.applied_opts
+  assert k.applied_opts == [Opt(OptOps.UPCAST, 0, 16), Opt(OptOps.UPCAST, 0, 8)], k.applied_opts
+  k.linearize()
+  assert vector_accumulators(k) == [16] * 8, vector_accumulators(k)
+  k, _, _ = _matvec(96, 192, Avx512LikeRenderer())
+  assert k.applied_opts == [Opt(OptOps.UPCAST, 0, 16), Opt(OptOps.UPCAST, 0, 4)], k.applied_opts
+
+
+@pytest.mark.parametrize("kk, n", [(17, 128), (999, 256), (5, 192)])
+def test_avx512_matvec_odd_sizes_on_python(kk: int, n: int) -> None:
+  """The AVX-512 strip gives numpy's result for odd reduce lengths."""
+  k, inputs, ref = _matvec(kk, n, Avx512LikeRenderer(), seed=kk + n)
+  got = run_kernel_on_python(k, inputs, ref.shape)
+  np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
 
 
 def test_avx2_matmul_with_rows_is_not_a_matvec() -> None:

@@ -183,16 +183,19 @@ def _real_or_view_strides(st: Any) -> Tuple[Any, ...]:
 
 
 def matvec_strip(k: Kernel) -> bool:
-  """(16 registers: AVX2) A vector times a row-major matrix (`x @ W` with one row of x, GPT-2's decode step): upcast
-  the output axis, which is contiguous in W, by half the register file of vector accumulators (True when applied).
+  """A vector times a row-major matrix (`x @ W` with one row of x, GPT-2's decode step): upcast the output axis, which
+  is contiguous in W, by a strip of 8 vector accumulators, else 4 (True when applied).
 
   Nothing is reused here: each weight is read once, so the kernel streams W at the memory's pace or not at all. Each
   reduce step reads a strip of one row of W, and the next step jumps a whole row ahead; a strip of 2 vectors (64
   bytes, one cache line per row) leaves the hardware prefetchers nothing to follow and keeps only a few lines in
   flight. A strip of 8 vectors reads 4 lines of each row. Measured on CLANG, AVX2, 2 threads, W not in cache
-  (768x3072 and 3072x768): 2 vectors ~9-11 GB/s, 8 vectors ~15-18, 16 (spills) about the same as 8."""
-  lanes, regs = simd_lanes(k), simd_registers(k)
-  if lanes <= 1 or regs > 16 or k.reduceop is None or k.reduceop.op is not ReduceOps.SUM or len(k.reduceops) != 1 or \
+  (768x3072 and 3072x768): 2 vectors ~9-11 GB/s, 8 vectors ~15-18, 16 (spills) about the same as 8. AVX-512 (32
+  registers), which the generic steps left at a strip of 2 zmm vectors: 8 zmm vectors (8 lines of each row) read 12
+  JIT-replayed weight matrices (85-113 MB) at a best of 23-39 GB/s against 12-19, on a loaded 2-vCPU Xeon; 16 vectors
+  were no better than 8."""
+  lanes = simd_lanes(k)
+  if lanes <= 1 or k.reduceop is None or k.reduceop.op is not ReduceOps.SUM or len(k.reduceops) != 1 or \
       k.first_reduce == 0 or k.upcasted or not _all_int(k.full_shape):
     return False
   axis = k.first_reduce - 1
@@ -205,7 +208,7 @@ def matvec_strip(k: Kernel) -> bool:
   if out[axis] != 1 or len(mats) != 1 or not vecs or len(mats) + len(vecs) != sum(any(s[r] != 0 for r in reduce_axes) for s in ins):
     return False
   n = k.full_shape[axis]
-  width = next((v * lanes for v in (regs // 2, regs // 4) if v > 2 and n % (v * lanes) == 0), None)
+  width = next((v * lanes for v in (8, 4) if n % (v * lanes) == 0), None)
   if width is None:
     return False
   return _upcast_strip(k, axis, width)
