@@ -276,3 +276,104 @@ def test_time_boxed_fuzzing_checks_programs_and_stops_at_the_failure_limit(monke
   assert pf.main([COMPUTE[0], "--seconds", "30", "--max-failures", "2"]) == 1
   out = capsys.readouterr().out
   assert len(calls) == 2 and "reproducer 1" in out and "reproducer 2" in out and f"{COMPUTE[0]}: 2 programs, 2 failed" in out
+
+
+# *** integer division and unsigned wrap-around ***
+
+def _ints(name: str, values: Any, dt: Any) -> pf.Input:
+  return make_input(name, np.array(values, dtype=dt))
+
+
+@pytest.mark.parametrize("op", ["floordiv", "mod"])
+@pytest.mark.parametrize("xr,yr", [((-7, 7), (1, 3)), ((-7, 7), (-3, -1)), ((0, 9), (2, 5)), ((-9, -2), (3, 4)), ((2, 5), (6, 8)),
+                                   ((-5, -1), (-8, -6)), ((-128, 127), (-2, -1))])
+def test_int_division_ranges_hold_every_result(op: str, xr: Any, yr: Any) -> None:
+  """The model's interval for // and % holds the result of every pair of operands in the operands' intervals, and the
+  floor quotient's bounds are reached (the corners are exact); int8 -128 // -1 does not fit, so that is refused."""
+  xs, ys = np.arange(xr[0], xr[1] + 1), np.arange(yr[0], yr[1] + 1)
+  dt = np.int8 if xr[0] == -128 else np.int32
+  inputs = [_ints("a", xs, dt), _ints("b", ys.reshape(-1, 1), dt)]
+  got = np.floor_divide(xs, ys.reshape(-1, 1)) if op == "floordiv" else np.remainder(xs, ys.reshape(-1, 1))
+  if got.max() > np.iinfo(dt).max:
+    with pytest.raises(ValueError, match=f"v1 = {op}"):
+      make_program(inputs, [("v1", op, ("a", "b"), None)], ["v1"])
+    return
+  v = make_program(inputs, [("v1", op, ("a", "b"), None)], ["v1"]).ops[0].value
+  assert v.lo <= got.min() and got.max() <= v.hi
+  if op == "floordiv":
+    assert (v.lo, v.hi) == (got.min(), got.max())
+  np.testing.assert_array_equal(reference_results(make_program(inputs, [("v1", op, ("a", "b"), None)], ["v1"]), "numpy")["v1"], got)
+
+
+def test_int_division_and_wrapping_refusals() -> None:
+  a, z = _ints("a", [-3, 0, 5], np.int32), _ints("z", [0, 1, 2], np.int32)
+  with pytest.raises(ValueError, match="v1 = floordiv"):
+    make_program([a, z], [("v1", "floordiv", ("a", "z"), None)], ["v1"])   # a divisor range holding 0
+  with pytest.raises(ValueError, match="v1 = mod"):
+    make_program([a], [("v1", "mod", ("a",), 0)], ["v1"])
+  with pytest.raises(ValueError, match="v1 = floordiv"):
+    make_program([make_input("f", np.ones(2, np.float32))], [("v1", "floordiv", ("f",), 2)], ["v1"])   # ints only
+  # signed ints still may not overflow; uint8 wraps, and its range then is the whole dtype
+  with pytest.raises(ValueError, match="v1 = add"):
+    make_program([_ints("s", [100, 120], np.int8)], [("v1", "add", ("s",), 100)], ["v1"])
+  u = make_program([_ints("u", [0, 254], np.uint8)], [("v1", "add", ("u",), 2), ("v2", "mul", ("u",), 5), ("v3", "sub", ("u",), 1)], ["v1"])
+  assert [(o.value.lo, o.value.hi) for o in u.ops] == [(0, 255)] * 3
+  fits = make_program([_ints("u", [0, 200], np.uint8)], [("v1", "add", ("u",), 55)], ["v1"])
+  assert (fits.ops[0].value.lo, fits.ops[0].value.hi) == (55, 255)
+  # an int converted to uint8 wraps too (C defines it); a negative float converted to uint8 is undefined, so refused
+  c = make_program([_ints("s", [-3, 4], np.int32)], [("v1", "cast", ("s",), "uint8")], ["v1"])
+  assert (c.ops[0].value.lo, c.ops[0].value.hi) == (0, 255)
+  with pytest.raises(ValueError, match="v1 = cast"):
+    make_program([make_input("f", np.array([-1.0, 2.0], np.float32))], [("v1", "cast", ("f",), "uint8")], ["v1"])
+
+
+def _wrapping_division_program() -> pf.Program:
+  """uint8 (x + 2) // 2 and (x * 6 + 1) % 3 next to signed floor division and remainder by a positive and a negative
+  tensor (the range model holds one sign per tensor): the folds once split the wrapping sum (254 + 2) // 2 into 127 + 1."""
+  u = _ints("u", [0, 1, 2, 3, 127, 128, 253, 254, 255], np.uint8)
+  s = _ints("s", [-9, -7, -1, 0, 1, 5, 7, 8, 9], np.int32)
+  d = _ints("d", [3, 3, 2, 2, 4, 4, 5, 1, 1], np.int32)
+  e = _ints("e", [-3, -3, -2, -2, -4, -4, -5, -1, -1], np.int32)
+  return make_program([u, s, d, e], [("v1", "add", ("u",), 2), ("v2", "floordiv", ("v1",), 2), ("v3", "mul", ("u",), 6), ("v4", "add", ("v3",), 1),
+                                  ("v5", "mod", ("v4",), 3), ("v6", "floordiv", ("s", "d"), None), ("v7", "mod", ("s", "d"), None),
+                                  ("v8", "floordiv", ("s", "e"), None), ("v9", "mod", ("s", "e"), None), ("v10", "floordiv", ("s",), 16),
+                                  ("v11", "mod", ("s",), 4)], ["v2", "v5", "v6", "v7", "v8", "v9", "v10", "v11"])
+
+
+@pytest.mark.parametrize("device", COMPUTE)
+def test_wrapping_division_program(device: str) -> None:
+  prog = _wrapping_division_program()
+  want = reference_results(prog, "numpy")
+  un = np.array(prog.inputs[0].data, dtype=np.uint8)
+  sn = np.array([-9, -7, -1, 0, 1, 5, 7, 8, 9])
+  with np.errstate(over="ignore"):
+    np.testing.assert_array_equal(want["v2"], (un + np.uint8(2)) // np.uint8(2))
+    np.testing.assert_array_equal(want["v5"], (un * np.uint8(6) + np.uint8(1)) % np.uint8(3))
+  assert want["v2"][7] == 0 and want["v2"][8] == 0   # 254 + 2 and 255 + 2 wrap to 0 and 1
+  # Python's own // and % are the specification
+  np.testing.assert_array_equal(want["v6"], [x // y for x, y in zip(sn.tolist(), [3, 3, 2, 2, 4, 4, 5, 1, 1])])
+  np.testing.assert_array_equal(want["v7"], [x % y for x, y in zip(sn.tolist(), [3, 3, 2, 2, 4, 4, 5, 1, 1])])
+  np.testing.assert_array_equal(want["v8"], [x // -y for x, y in zip(sn.tolist(), [3, 3, 2, 2, 4, 4, 5, 1, 1])])
+  np.testing.assert_array_equal(want["v9"], [x % -y for x, y in zip(sn.tolist(), [3, 3, 2, 2, 4, 4, 5, 1, 1])])
+  np.testing.assert_array_equal(want["v10"], [x // 16 for x in sn.tolist()])
+  np.testing.assert_array_equal(want["v11"], [x % 4 for x in sn.tolist()])
+  if pf.torch_available():
+    t = reference_results(prog, "torch")
+    assert compare_results(prog, t, want) == []
+  check_program(prog, device, default_settings(3, n_random=2), want=want)
+
+
+def test_int_division_reproducer_runs() -> None:
+  """A reproducer of an int division program is runnable code that checks the values (it passes on a correct run)."""
+  prog = _wrapping_division_program()
+  dev = COMPUTE[0]
+  setting = OptSetting("heuristic+random", seed=11)
+  run = run_program(prog, dev, setting)
+  assert run.error is None
+  want = reference_results(prog, "numpy")
+  text = reproducer(prog, dev, setting, run, want)
+  assert "v2 = v1 // 2" in text and "v9 = s % e" in text
+  exec(compile(text, "reproducer.py", "exec"), {})
+  broken = dict(want, v2=want["v2"] + np.uint8(1))
+  with pytest.raises(AssertionError, match="v2"):
+    exec(compile(reproducer(prog, dev, setting, run, broken), "reproducer.py", "exec"), {})

@@ -74,12 +74,17 @@ MAIN_DTYPES = ("float32", "int32", "bool")
 _LIMIT = {"float32": 2.0 ** 20, "float16": 1000.0, "float64": 2.0 ** 30, "int32": 2.0 ** 24, "int8": 127.0, "uint8": 255.0,
           "int64": 2.0 ** 40, "bool": 1.0}
 _INT_MIN = {"int8": -128.0, "uint8": 0.0, "bool": 0.0}
+# unsigned dtypes whose add/sub/mul may wrap around (numpy, torch and C all take them modulo 2**bits); signed ints may not
+# (C leaves their overflow undefined, and frameworks differ)
+_WRAPS = {"uint8": 256}
 # mantissa bits: a float value with granularity 2**lsb is exact while |v| < 2**(bits + lsb)
 _MANTISSA = {"float32": 23, "float16": 10, "float64": 52}
 # comparison tolerance (rtol and atol relative to the largest expected magnitude) for values that are not exact
 _TOL = {"float32": 1e-4, "float16": 2e-2, "float64": 1e-7}
 
-BINARY_OPS = ("add", "sub", "mul", "div", "maximum")
+# floordiv and mod are integer only (Python's // and %, which tiny documents for ints of either sign)
+BINARY_OPS = ("add", "sub", "mul", "div", "maximum", "floordiv", "mod")
+INT_BINARY_OPS = ("floordiv", "mod")
 COMPARE_OPS = ("lt", "gt", "eq", "ne")
 UNARY_OPS = ("neg", "relu", "exp", "log", "sqrt")
 MOVEMENT_OPS = ("reshape", "permute", "expand", "pad", "shrink", "flip", "stride")
@@ -260,7 +265,7 @@ def _op_source(o: Op, vals: Dict[str, Value], backward: bool) -> str:
     rhs = s[1] if len(s) > 1 else _literal(arg)
     if k == "maximum":
       return f"{s[0]}.maximum({rhs})"
-    sym = {"add": "+", "sub": "-", "mul": "*", "div": "/", "lt": "<", "gt": ">", "eq": "==", "ne": "!="}[k]
+    sym = {"add": "+", "sub": "-", "mul": "*", "div": "/", "floordiv": "//", "mod": "%", "lt": "<", "gt": ">", "eq": "==", "ne": "!="}[k]
     return f"{s[0]} {sym} {rhs}" if k in BINARY_OPS else f"({s[0]} {sym} {rhs})"
   if k == "neg":
     return f"-{s[0]}"
@@ -323,6 +328,35 @@ def _finish(shape: Tuple[int, ...], dtype: str, lo: float, hi: float, lsb: Optio
   return Value(shape, dtype, lo, hi, lsb, grad, grad_safe)
 
 
+def _wrapped(dtype: str, lo: float, hi: float) -> Tuple[float, float]:
+  """The range of an add/sub/mul result whose exact range is [lo, hi]: an unsigned dtype wraps, so a range leaving
+  it becomes the whole dtype (a hull of the pieces would be tighter, but every value is reachable often enough)."""
+  if dtype in _WRAPS and (lo < 0 or hi >= _WRAPS[dtype]):
+    return 0.0, float(_WRAPS[dtype] - 1)
+  return lo, hi
+
+
+def _int_division(op: str, shape: Tuple[int, ...], x: Value, y: Value) -> Optional[Value]:
+  """x // y or x % y (floor semantics) for ints, by a divisor whose range excludes zero; None otherwise."""
+  if x.dtype not in INT_DTYPES or y.lo <= 0 <= y.hi:
+    return None
+  if op == "floordiv":
+    # x / y is monotonic in each operand while y keeps its sign, so the corners bound it, and floor keeps the order;
+    # a quotient the dtype cannot hold (int8 -128 // -1) is refused by _finish
+    qs = [math.floor(Fraction(int(a)) / int(b)) for a in (x.lo, x.hi) for b in (y.lo, y.hi)]
+    return _finish(shape, x.dtype, float(min(qs)), float(max(qs)), 0, False, True)
+  # the remainder takes the divisor's sign and is smaller than it; a dividend already inside that range is unchanged
+  if y.lo > 0:
+    lo, hi = 0.0, y.hi - 1
+    if x.lo >= 0:
+      hi = min(hi, x.hi)
+  else:
+    lo, hi = y.lo + 1, 0.0
+    if x.hi <= 0:
+      lo = max(lo, x.lo)
+  return _finish(shape, x.dtype, lo, hi, 0, False, True)
+
+
 def _const_value(c: Any, dtype: str) -> Value:
   return Value((), dtype, float(c), float(c), _lsb_of(float(c)) if dtype in FLOAT_DTYPES else 0)
 
@@ -381,14 +415,16 @@ def _infer(op: str, srcs: Sequence[Value], arg: Any) -> Optional[Value]:
       return _finish(shape, x.dtype, min(x.lo, y.lo), max(x.hi, y.hi), _min_lsb(x, y), x.grad or y.grad, grad_safe)
     grad = x.grad or y.grad
     if op == "add":
-      return _finish(shape, x.dtype, x.lo + y.lo, x.hi + y.hi, _min_lsb(x, y), grad, grad_safe)
+      return _finish(shape, x.dtype, *_wrapped(x.dtype, x.lo + y.lo, x.hi + y.hi), _min_lsb(x, y), grad, grad_safe)
     if op == "sub":
-      return _finish(shape, x.dtype, x.lo - y.hi, x.hi - y.lo, _min_lsb(x, y), grad, grad_safe)
+      return _finish(shape, x.dtype, *_wrapped(x.dtype, x.lo - y.hi, x.hi - y.lo), _min_lsb(x, y), grad, grad_safe)
     if op == "mul":
       # the same Value object on both sides is one tensor times itself: a square, never negative
       lo, hi = _products(x, y) if x is not y else (0.0 if x.lo <= 0 <= x.hi else min(x.lo ** 2, x.hi ** 2), max(x.lo ** 2, x.hi ** 2))
       lsb = None if x.lsb is None or y.lsb is None else x.lsb + y.lsb
-      return _finish(shape, x.dtype, lo, hi, lsb, grad, grad_safe)
+      return _finish(shape, x.dtype, *_wrapped(x.dtype, lo, hi), lsb, grad, grad_safe)
+    if op in INT_BINARY_OPS:
+      return _int_division(op, shape, x, y)
     if op == "maximum":
       # a tie between rounded values could go either way, and with it the gradient
       return _finish(shape, x.dtype, max(x.lo, y.lo), max(x.hi, y.hi), _min_lsb(x, y), grad, grad_safe and (x.exact and y.exact or not grad))
@@ -427,7 +463,12 @@ def _infer(op: str, srcs: Sequence[Value], arg: Any) -> Optional[Value]:
     if dt in INT_DTYPES:
       if not a.exact:
         return None
-      return _finish(a.shape, dt, float(math.trunc(a.lo)), float(math.trunc(a.hi)), 0, False, True)
+      lo, hi = float(math.trunc(a.lo)), float(math.trunc(a.hi))
+      if a.dtype in INT_DTYPES:
+        # an int converted to an unsigned int is taken modulo 2**bits (C defines it; numpy and torch agree); a float
+        # out of range is undefined in C, so that still is not generated
+        lo, hi = _wrapped(dt, lo, hi)
+      return _finish(a.shape, dt, lo, hi, 0, False, True)
     v = _finish(a.shape, dt, a.lo, a.hi, a.lsb if a.dtype != "bool" else 0, a.grad, grad_safe)
     # a cast to a narrower float is only generated where it does not round
     return v if v is not None and (v.exact or not a.exact) and (dt != "float16" or v.exact) else None
@@ -561,6 +602,10 @@ def make_input(name: str, array: Any, requires_grad: bool = False) -> Input:
 _FLOAT_CONSTS = (0.5, 2.0, -1.5, 0.25, 3.0, -4.0, 1.0)
 _INT_CONSTS = (1, 2, -3, 5, 0)
 _DIV_CONSTS = (2.0, 4.0, 0.5, -2.0, 3.0, 1.5)
+# positive divisors of // and %: powers of two (lowered to shifts and masks) and others (lowered to multiply-high)
+_IDIV_CONSTS = (2, 3, 4, 7, 16, 1, 5)
+# uint8 partners that make an add, sub or mul wrap
+_UINT8_CONSTS = (1, 2, 200, 5, 255, 0, 128)
 
 # how often each kind of step is drawn (hypothesis shrinks towards the first)
 _KINDS = ("binary",) * 5 + ("compare", "where", "where") + ("unary",) * 3 + ("cast",) * 2 + ("movement",) * 6 + ("reduce",) * 3 + \
@@ -664,11 +709,14 @@ def _draw_step(b: _Builder, kind: str) -> Optional[str]:
   st, draw = _st(), b.draw
   if kind == "binary":
     op = draw(st.sampled_from([o for o in BINARY_OPS if o in b.allowed] or ["add"]), label="binary op")
+    if op in INT_BINARY_OPS:
+      return _draw_int_division(b, op)
     x = b.pick(lambda v: v.dtype not in ("bool",) and (op != "div" or v.dtype == "float32"), "lhs")
     if x is None:
       return None
     dt = b.vals[x].dtype
-    srcs, const = b.partner(x, dt, _DIV_CONSTS if op == "div" else _FLOAT_CONSTS if dt in FLOAT_DTYPES else _INT_CONSTS)
+    srcs, const = b.partner(x, dt, _DIV_CONSTS if op == "div" else _FLOAT_CONSTS if dt in FLOAT_DTYPES else
+                            _UINT8_CONSTS if dt == "uint8" else _INT_CONSTS)
     if op == "div" and srcs:
       pos = b.make_positive(srcs[0])
       if pos is None:
@@ -804,6 +852,38 @@ def _draw_step(b: _Builder, kind: str) -> Optional[str]:
   raise ValueError(f"unknown step kind {kind}")
 
 
+def _draw_int_division(b: _Builder, op: str) -> Optional[str]:
+  """x // y or x % y for an int x (an exact non-int value is cast to int32 first, and x is sometimes cast to another
+  int dtype), by a positive constant or by a tensor made non-zero: y.maximum(1), negated half the time where the dtype
+  is signed."""
+  st, draw = _st(), b.draw
+  x = b.pick(lambda v: v.dtype in INT_DTYPES, "lhs")
+  if x is None:
+    src = b.pick(lambda v: v.exact and v.dtype in ("float32", "bool"), "lhs to cast")
+    x = b.emit("cast", [src], "int32") if src is not None else None
+    if x is None:
+      return None
+  narrow = draw(st.sampled_from([None, "int8", "uint8", "int64"]), label="int division dtype")
+  if narrow is not None and narrow != b.vals[x].dtype and narrow in b.dtypes:
+    x = b.emit("cast", [x], narrow) or x
+  dt = b.vals[x].dtype
+  if draw(st.booleans(), label="offset before dividing"):
+    # (x + c) // d and (x * c + e) % d are what the symbolic folds rewrite; uint8 constants make the sum wrap
+    how = draw(st.sampled_from(["add", "mul", "sub"]), label="offset op")
+    x = b.emit(how, [x], draw(st.sampled_from(_UINT8_CONSTS if dt == "uint8" else _INT_CONSTS), label="offset")) or x
+  srcs, const = b.partner(x, dt, _IDIV_CONSTS)
+  if srcs:
+    y: Optional[str] = srcs[0]
+    if not (b.vals[srcs[0]].lo > 0 or b.vals[srcs[0]].hi < 0):
+      y = b.emit("maximum", srcs, 1)
+      if y is not None and dt != "uint8" and draw(st.booleans(), label="negative divisor"):
+        y = b.emit("neg", [y], None)
+    if y is None:
+      return None
+    srcs = [y]
+  return b.emit(op, [x] + srcs, const)
+
+
 def _prune(p: Program) -> Program:
   """Drop ops and inputs nothing that is compared depends on; rename what is left densely (a, b, ... and v1, v2, ...)."""
   ops = {o.name: o for o in p.ops}
@@ -836,7 +916,7 @@ def programs(max_inputs: int = 3, max_ops: int = 10, max_size: int = 128, max_si
   allowed = tuple(ops)
   if "float32" not in dtypes or any(d not in DTYPES for d in dtypes):
     raise ValueError(f"programs(): dtypes must be names of {DTYPES} including float32, got {dtypes}")
-  input_dtypes = [d for d in ("float32",) * 4 + ("int32", "bool") if d in dtypes]
+  input_dtypes = [d for d in ("float32",) * 4 + ("int32", "bool", "uint8") if d in dtypes]
   kinds = [k for k in _KINDS if _kind_allowed(k, allowed)]
   if not kinds:
     raise ValueError(f"programs(): no op family left of {ops}")
@@ -906,8 +986,10 @@ def reference_results(program: Program, backend: str = "auto") -> Dict[str, np.n
 
 def _numpy_results(p: Program) -> Dict[str, np.ndarray]:
   env: Dict[str, Any] = {i.name: i.array() for i in p.inputs}
-  for o in p.ops:
-    env[o.name] = np.asarray(_numpy_op(o, [env[s] for s in o.srcs])).astype(_np_dtype(o.value.dtype))
+  # uint8 add/sub/mul may wrap on purpose (numpy warns about that only for 0-d operands)
+  with np.errstate(over="ignore"):
+    for o in p.ops:
+      env[o.name] = np.asarray(_numpy_op(o, [env[s] for s in o.srcs])).astype(_np_dtype(o.value.dtype))
   return {o: np.asarray(env[o]) for o in p.outputs}
 
 
@@ -936,7 +1018,7 @@ def _numpy_op(o: Op, s: List[Any]) -> Any:
     y = s[1] if len(s) > 1 else np.asarray(arg, dtype=x.dtype)
     fn: Dict[str, Callable[[Any, Any], Any]] = {
       "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "maximum": np.maximum,
-      "lt": np.less, "gt": np.greater, "eq": np.equal, "ne": np.not_equal}
+      "floordiv": np.floor_divide, "mod": np.remainder, "lt": np.less, "gt": np.greater, "eq": np.equal, "ne": np.not_equal}
     return fn[k](x, y)
   if k in UNARY_OPS:
     un: Dict[str, Callable[[Any], Any]] = {"neg": np.negative, "relu": lambda x: np.maximum(x, 0), "exp": np.exp, "log": np.log, "sqrt": np.sqrt}
@@ -1000,6 +1082,7 @@ def _torch_op(torch: Any, o: Op, s: List[Any], tdt: Dict[str, Any]) -> Any:
     x = s[0]
     y = s[1] if len(s) > 1 else torch.tensor(arg, dtype=x.dtype)
     fn = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "maximum": torch.maximum,
+          "floordiv": lambda a, b: torch.div(a, b, rounding_mode="floor"), "mod": torch.remainder,
           "lt": torch.lt, "gt": torch.gt, "eq": torch.eq, "ne": torch.ne}[k]
     return fn(x, y)
   if k in UNARY_OPS:
