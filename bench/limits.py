@@ -76,6 +76,15 @@ static void *read_worker(void *p) {
   return 0;
 }
 
+/* seconds for one worker per thread, each given its own element of args (size bytes apart) */
+static double run_threads(int threads, void *(*fn)(void *), void *args, size_t size) {
+  pthread_t th[256];
+  double st = now();
+  for (int t = 0; t < threads; t++) pthread_create(&th[t], 0, fn, (char *)args + t * size);
+  for (int t = 0; t < threads; t++) pthread_join(th[t], 0);
+  return now() - st;
+}
+
 double read_gbs(int threads, long n, int passes) {
   float *a;
   if (posix_memalign((void **)&a, 64, n * 4)) return 0;
@@ -83,14 +92,9 @@ double read_gbs(int threads, long n, int passes) {
   long per = (n / threads) / 64 * 64;
   double best = 1e30;
   for (int p = 0; p < passes; p++) {
-    pthread_t th[256]; read_arg args[256];
-    double st = now();
-    for (int t = 0; t < threads; t++) {
-      args[t].src = a + t * per; args[t].n = per;
-      pthread_create(&th[t], 0, read_worker, &args[t]);
-    }
-    for (int t = 0; t < threads; t++) pthread_join(th[t], 0);
-    double et = now() - st;
+    read_arg args[256];
+    for (int t = 0; t < threads; t++) { args[t].src = a + t * per; args[t].n = per; }
+    double et = run_threads(threads, read_worker, args, sizeof(read_arg));
     if (et < best) best = et;
   }
   free(a);
@@ -104,14 +108,11 @@ double stream_gbs(int threads, long n, int passes) {
   long per = (n / threads) / 64 * 64;
   double best = 1e30;
   for (int p = 0; p < passes; p++) {
-    pthread_t th[256]; copy_arg args[256];
-    double st = now();
+    copy_arg args[256];
     for (int t = 0; t < threads; t++) {
       args[t].dst = (p & 1 ? a : b) + t * per; args[t].src = (p & 1 ? b : a) + t * per; args[t].n = per;
-      pthread_create(&th[t], 0, copy_worker, &args[t]);
     }
-    for (int t = 0; t < threads; t++) pthread_join(th[t], 0);
-    double et = now() - st;
+    double et = run_threads(threads, copy_worker, args, sizeof(copy_arg));
     if (et < best) best = et;
   }
   free(a); free(b);
