@@ -386,16 +386,22 @@ class ExecItem:
       bufs = [b.ensure_allocated() for b in bufs]
     et = self.prg(bufs, var_vals, wait=wait or DEBUG >= 2)
     if do_update_stats:
-      op_est, mem_est = sym_infer(self.prg.op_estimate, var_vals), sym_infer(self.prg.mem_estimate, var_vals)
-      GlobalCounters.kernel_count += 1
-      GlobalCounters.global_ops += op_est
-      GlobalCounters.global_mem += mem_est
+      op_est, mem_est = _count_run(self.prg, var_vals)
       if et is not None:
         GlobalCounters.time_sum_s += et
       if DEBUG >= 2:
         print(_debug_line(self, et, op_est, mem_est, jit))
-      self.prg.first_run = False
     return et
+
+
+def _count_run(prg: Runner, var_vals: Dict[Variable, int]) -> Tuple[Any, Any]:
+  """Add one run of prg to GlobalCounters; returns its (ops, memory) estimates with var_vals put in."""
+  op_est, mem_est = sym_infer(prg.op_estimate, var_vals), sym_infer(prg.mem_estimate, var_vals)
+  GlobalCounters.kernel_count += 1
+  GlobalCounters.global_ops += op_est
+  GlobalCounters.global_mem += mem_est
+  prg.first_run = False
+  return op_est, mem_est
 
 
 def _debug_line(ei: ExecItem, et: Optional[float], op_est: float, mem_est: float, jit: bool) -> str:
@@ -554,14 +560,8 @@ _NO_VARS: Dict[Variable, int] = {}
 def _run_kernel(runner: CompiledRunner, bufs: List[Buffer]) -> None:
   """What ExecItem(runner, bufs).run() does for a kernel with no Variables, no DEBUG output and no JIT capture (the
   eager fast path): allocate, run, count. Without the ExecItem, list copies and symbolic estimates in between."""
-  for b in bufs:
-    if not hasattr(b, "_buf"):
-      b.allocate()
-  runner(bufs, _NO_VARS)
-  op_est, mem_est = runner.op_estimate, runner.mem_estimate
-  GlobalCounters.kernel_count += 1
-  GlobalCounters.global_ops += op_est if op_est.__class__ is int else sym_infer(op_est, _NO_VARS)
-  GlobalCounters.global_mem += mem_est if mem_est.__class__ is int else sym_infer(mem_est, _NO_VARS)
+  runner([b.ensure_allocated() for b in bufs], _NO_VARS)
+  _count_run(runner, _NO_VARS)
 
 
 def _run_cached_schedule(lb: LazyBuffer) -> bool:
