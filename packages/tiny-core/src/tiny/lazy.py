@@ -213,29 +213,26 @@ class LazyBuffer:
     """A constant of this buffer's dtype and device, broadcast to shape (default: this shape)."""
     if not isinstance(val, (int, float, bool, Variable)):
       raise TypeError(f"const value must be a bool, int, float or Variable, got {type(val).__name__}")
-    shape = self.shape if shape is None else tuple(shape)
-    # built directly: a fresh scalar base is never in the cache, and nor is a view of it (the key holds the new base)
-    base = LazyBuffer(self.device, _SCALAR_ST, self.dtype, MetaOps.CONST, val if isinstance(val, Variable) else dtypes.as_const(val, self.dtype),
-                      metadata=_METADATA.get())
-    if not shape:
-      return base
-    st = _broadcast_st(shape)
-    # an empty shape takes the general path, which turns it into an empty constant of its own
-    return LazyBuffer(self.device, st, self.dtype, base=base) if st.size != 0 else base._view(st)
+    value = val if isinstance(val, Variable) else dtypes.as_const(val, self.dtype)
+    return self._broadcast_const(value, self.shape if shape is None else tuple(shape))
 
   def fresh_const(self, val: ConstType) -> LazyBuffer:
     """const(val) in this shape for one `Tensor <op> python scalar`: val must already be what dtypes.as_const gives for
     this dtype. The op reading it is its only reader, so that op skips the lazy cache (see e): it could never be found
     there, since no other node reads this constant."""
-    base = LazyBuffer(self.device, _SCALAR_ST, self.dtype, MetaOps.CONST, val, metadata=_METADATA.get())
-    if not (shape := self.shape):
-      ret = base
-    elif (st := _broadcast_st(shape)).size != 0:
-      ret = LazyBuffer(self.device, st, self.dtype, base=base)
-    else:
-      return base._view(st)   # an empty constant of its own (see const)
-    ret._fresh_const = True
+    ret = self._broadcast_const(val, self.shape)
+    if ret.size != 0:   # (an empty one is a constant of its own, see _broadcast_const)
+      ret._fresh_const = True
     return ret
+
+  def _broadcast_const(self, val: Union[ConstType, Variable], shape: Tuple[sint, ...]) -> LazyBuffer:
+    # built directly: a fresh scalar base is never in the cache, and nor is a view of it (the key holds the new base)
+    base = LazyBuffer(self.device, _SCALAR_ST, self.dtype, MetaOps.CONST, val, metadata=_METADATA.get())
+    if not shape:
+      return base
+    st = _broadcast_st(shape)
+    # an empty shape takes the general path, which turns it into an empty constant of its own
+    return LazyBuffer(self.device, st, self.dtype, base=base) if st.size != 0 else base._view(st)
 
   def assign(self, x: LazyBuffer) -> LazyBuffer:
     """Write x into this (realized) buffer; the result aliases it."""
