@@ -36,7 +36,6 @@ def load_shared(lib: bytes) -> ctypes.CDLL:
 # the int64 argument array types by length (ctypes makes the type `c_int64 * n` anew on every call); length 0 gets one slot,
 # since the entry reads args even when a kernel has none
 _ARG_ARRAYS = [ctypes.c_int64 * max(1, n) for n in range(33)]
-_addressof = ctypes.addressof
 
 
 def buf_address(b: Any) -> int:
@@ -71,7 +70,7 @@ class CPUProgram:
   def __call__(self, *bufs: Any, global_size: Tuple[int, ...] = (1, 1, 1), local_size: Tuple[int, ...] = (1, 1, 1),
                vals: Tuple[int, ...] = (), wait: bool = False) -> Optional[float]:
     n = len(bufs) + len(vals)
-    args = (_ARG_ARRAYS[n] if n < len(_ARG_ARRAYS) else ctypes.c_int64 * n)(*[b if b.__class__ is int else _addressof(b) for b in bufs], *vals)
+    args = (_ARG_ARRAYS[n] if n < len(_ARG_ARRAYS) else ctypes.c_int64 * n)(*[buf_address(b) for b in bufs], *vals)
     if wait or self.auto_threads is None:
       et = self.run_args(args)
       return et if wait else None
