@@ -66,3 +66,40 @@ def test_padded_view_and_avx2_keep_their_tiles() -> None:
   xn = _rand(1, 8, 4, 58, seed=5)
   _, ups = _tiled(_conv_schedule(xn, _rand(8, 8, 3, 3, seed=6), 0), Avx2LikeRenderer())
   assert ups == [(56, 8), (2, 2), (8, 4)], ups
+
+
+def _relu_weight_gradient(device: str, xn: np.ndarray, wn: np.ndarray, rn: np.ndarray) -> Tuple[Any, Any]:
+  x = Tensor(xn, device=device, requires_grad=True).realize()
+  w = Tensor(wn, device=device, requires_grad=True).realize()
+  (x.conv2d(w).relu() * Tensor(rn, device=device).realize()).sum().backward()
+  assert w.grad is not None
+  return x, w
+
+
+def test_relu_weight_gradient_gets_the_window_tile() -> None:
+  """The weight gradient of relu(conv(x, w)) reads the output gradient twice (itself and the relu's mask): AVX-512 gives
+  it the plain product's tile, all 5 kernel rows x 4 output channels over the 20-pixel row unrolled whole; AVX2 keeps
+  the generic tile."""
+  xn, wn, rn = _rand(4, 8, 24, 24, seed=7), _rand(8, 8, 5, 5, seed=8), _rand(4, 8, 20, 20, seed=9)
+  _, w = _relu_weight_gradient("PYTHON", xn, wn, rn)
+  assert w.grad is not None
+  si = [s for s in create_schedule([w.grad.lazydata]) if s.ast.op.name == "KERNEL"][-1]
+  kern, ups = _tiled(si, Avx512LikeRenderer())
+  assert ups == [(5, 5), (8, 4)], kern.applied_opts
+  assert kern.applied_opts[-1].op is OptOps.UNROLL and kern.applied_opts[-1].amt == 20, kern.applied_opts
+  _, ups2 = _tiled(si, Avx2LikeRenderer())
+  assert ups2 != ups
+
+
+@pytest.mark.parametrize("device", ["CLANG", "LLVM"])
+def test_relu_conv_gradients_match_torch(device: str) -> None:
+  torch = pytest.importorskip("torch")
+  if device == "LLVM":
+    pytest.importorskip("llvmlite", reason="LLVM needs llvmlite")
+  xn, wn, rn = _rand(4, 8, 24, 24, seed=10), _rand(8, 8, 5, 5, seed=11), _rand(4, 8, 20, 20, seed=12)
+  x, w = _relu_weight_gradient(device, xn, wn, rn)
+  tx, tw = torch.tensor(xn, requires_grad=True), torch.tensor(wn, requires_grad=True)
+  (torch.nn.functional.conv2d(tx, tw).relu() * torch.tensor(rn)).sum().backward()
+  assert x.grad is not None and w.grad is not None
+  np.testing.assert_allclose(w.grad.numpy(), tw.grad.numpy(), rtol=1e-4, atol=1e-3)
+  np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-3)
