@@ -7,7 +7,7 @@ from tiny.backend import DType, dtypes
 
 
 def pads_conv_input(simd_bytes: int, padded_spatial: Tuple[int, ...], dtype: DType) -> bool:
-  """`Renderer.pads_conv_input` for a CPU: copy a float image whose padded rows are at least 4 vectors wide.
+  """`Renderer.pads_conv_input` for a CPU: copy a float image whose padded rows are at least 4 vectors wide (3 on AVX-512).
 
   Through a padded view each vector load of a row checks its lanes and, at an edge, gathers lane by lane; clang then
   spills accumulators around the fallback. One copy into a zero-padded buffer makes every load a plain vector load, and
