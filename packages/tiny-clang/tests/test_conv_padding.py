@@ -13,11 +13,14 @@ from tiny_clang.conv_padding import pads_conv_input
 
 
 def test_pads_conv_input_decisions() -> None:
-  """Float images whose padded rows hold 4 vectors or more; not small images, ints, or a CPU without vectors."""
+  """Float images whose padded rows hold 4 vectors or more (3 with AVX-512); not small images, ints, or a CPU without
+  vectors."""
   assert pads_conv_input(32, (58, 58), dtypes.float32)
   assert pads_conv_input(32, (3, 32), dtypes.float32)
   assert not pads_conv_input(32, (30, 30), dtypes.float32)      # MNIST-sized: keeps the view
-  assert not pads_conv_input(64, (58, 58), dtypes.float32)      # 4 AVX-512 vectors are 64 floats
+  assert pads_conv_input(64, (58, 58), dtypes.float32)          # AVX-512: 3 vectors are 48 floats
+  assert not pads_conv_input(64, (30, 47), dtypes.float32)
+  assert not pads_conv_input(64, (32, 32), dtypes.float32)      # MNIST's 28² with padding 2 keeps the view
   assert pads_conv_input(32, (18,), dtypes.float64)
   assert not pads_conv_input(32, (58, 58), dtypes.int32)
   assert not pads_conv_input(0, (58, 58), dtypes.float32)
@@ -48,8 +51,8 @@ def test_padded_conv_matches_torch(device: str, hw: Tuple[int, int], padding: Un
 def test_wide_padded_input_is_copied_once() -> None:
   """On CLANG a wide padded input costs one extra copy kernel; a narrow one is read through the view (one kernel)."""
   from tiny_clang.renderer import host_simd_bytes
-  # "wide" is 4 host vectors per padded row: 32 floats with AVX2, 64 with AVX-512
-  row = 4 * host_simd_bytes() // 4
+  # "wide" is 4 host vectors per padded row (32 floats) with AVX2, 3 (48 floats) with AVX-512
+  row = (3 if host_simd_bytes() >= 64 else 4) * host_simd_bytes() // 4
   w = Tensor.rand(4, 3, 3, 3, device="CLANG").realize()
   wide = Tensor.rand(1, 3, 8, row, device="CLANG").realize()
   narrow = Tensor.rand(1, 3, 8, row - 4, device="CLANG").realize()

@@ -122,6 +122,15 @@ def output_strip(k: Kernel) -> bool:
     width = next((w for w in (2 * lanes, lanes) if n % w == 0), None)
     # (not when the last piece would be a single scalar lane, 9 = 8 + 1: n is even, except where AVX-512 always took it)
     short = width is None and (8 < n <= 2 * lanes or (4 < n <= 3 * lanes and n % 2 == 0)) and _upcast_steps(n, 16) is not None
+    wide_row = simd_registers(k) > 16 and width is None and 3 * lanes < n <= 4 * lanes and n % 8 == 0 and \
+        not _padded(k, next(i for i, s in enumerate(ins) if s is vec))
+    if wide_row:
+      # (32 registers: AVX-512) a large unpadded image's row of 3 full vectors and a half one (56 = 16 + 16 + 16 + 8)
+      # tiled whole times half the register file's worth of channels. The strip of 8 lanes it got before fills half of
+      # each zmm register (3x3 conv 64->64 on 56², input copied into a padded buffer, 1 thread: 56 px x 4 channels
+      # ~100-108 GFLOP/s, 56 x 2 x 2 rows ~89, 8 px x 16 channels ~70-73; through the padded view ~56, see
+      # tiny_clang.conv_padding)
+      width = n
     if short:
       # a short row (a small conv's 6, 20 or 24 pixels) is tiled whole, as full vectors plus a partial one
       # (5x5 conv 32->32 on 24² images, AVX-512: 20 = 16 + 4 lanes x 8 channels ~230 GFLOP/s, 4 x 16 ~90; on AVX2
@@ -144,6 +153,8 @@ def output_strip(k: Kernel) -> bool:
     if short and y is not None and n % 4 == 0:
       rows_amt = next((r for r in (8, 4, 2) if rows and 2 * r * vecs <= regs * 3 // 4 and k.full_shape[rows[-1]] % r == 0), 1)
     y_amt = 2 if short and y is not None and 2 * rows_amt * vecs <= regs * 3 // 4 else 1
+    if wide_row:
+      y_amt = 1
     if y is not None and regs <= 16 and not short and vecs == 1 and rows and not _padded(k, next(i for i, s in enumerate(ins) if s is vec)):
       # (16 registers: AVX2) a large unpadded image's strip of one vector: two output rows x half the channels keep the
       # 8 accumulators but load 2 vectors + 4 weights per 8 FMAs instead of 1 + 8 (3x3 conv 64->64, 58² unpadded, 1
@@ -293,7 +304,13 @@ def dot_tile(k: Kernel) -> bool:
   sts = [st.real_strides() for st in k.sts[1:len(k.bufs)]]
   moving = [s for s in sts if s[r] == 1]
   if len(moving) != 2:
-    return False
+    # (32 registers: AVX-512) a relu's weight gradient reads the output gradient and the relu's mask input through the
+    # same view: two inputs, one of them read twice. Its tile is that of the plain product (MNIST's 5x5 conv 32->32
+    # weight gradient, batch 64, 1 thread: 5 kernel rows x 4 channels 21.9 ms, the generic 4 x 4 channels 25.6)
+    distinct = list(dict.fromkeys(moving))
+    if simd_registers(k) <= 16 or len(distinct) != 2:
+      return False
+    moving = distinct
   x, y = moving
 
   def only(a: Any, b: Any) -> List[int]:  # output axes that a walks and b broadcasts over

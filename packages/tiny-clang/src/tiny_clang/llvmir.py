@@ -19,6 +19,7 @@ from tiny.backend import BinaryOps, DType, Kernel, PtrDType, Renderer, TernaryOp
 from tiny_clang.heuristics import cpu_hand_coded_optimizations
 from tiny_clang.conv_padding import pads_conv_input
 from tiny_clang.matmul_panels import panel_width
+from tiny_clang.tile_loops import UNROLL_TILE, tile_loops
 from tiny_clang.renderer import _loop_structure, _only_through, host_simd_bytes, host_simd_registers
 
 _SCALAR = {dtypes.bool: "i1", dtypes.int8: "i8", dtypes.uint8: "i8", dtypes.int16: "i16", dtypes.uint16: "i16", dtypes.int32: "i32",
@@ -26,11 +27,6 @@ _SCALAR = {dtypes.bool: "i1", dtypes.int8: "i8", dtypes.uint8: "i8", dtypes.int1
            dtypes.float32: "float", dtypes.float64: "double"}
 _INTR = {UnaryOps.SQRT: "sqrt", UnaryOps.EXP2: "exp2", UnaryOps.LOG2: "log2", UnaryOps.SIN: "sin"}
 _F16 = (dtypes.float16, dtypes.bfloat16)
-# an innermost reduce loop that updates at least TILE_ACCS vector accumulators (a matmul or conv register tile) is
-# unrolled UNROLL_TILE times when its constant trip count allows, as clang unrolls the same loop of the C kernel: LLVM's own
-# choice is 2; in-process A/B on the packed matmul (1024² and 2048², AVX2 Zen 3, 1 and 2 threads) put 8 at 1.00-1.05x of 2,
-# the most on a loaded machine (fewer instructions per FMA)
-TILE_ACCS, UNROLL_TILE = 4, 8
 # index ops that have an i64 twin: `nsw` holds in i64 because the int32 index never leaves the int32 range
 _WIDE_OPS = {BinaryOps.ADD: "add nsw", BinaryOps.MUL: "mul nsw"}
 
@@ -149,7 +145,7 @@ class _Builder:
     self.reassoc = self._reduction_adds()
     self.index_ops = _index_values(uops)
     self.r64: Dict[UOp, str] = {}   # the i64 twin of an index add/mul, emitted right after its i32 value
-    self.unroll = _tile_loops(uops)
+    self.unroll = tile_loops(uops)   # unrolled UNROLL_TILE times (tiny_clang.tile_loops)
     self.meta: List[str] = []
     # the per-lane alternative of a gated vector load (and its lane loads) is emitted inside that load's fallback path
     self.lazy = lazy_gated_alternatives(uops)
@@ -581,29 +577,6 @@ class _Builder:
     body = [f"define void @{self.name}({', '.join(params)}) #0 {{", "entry:", *self.allocas, *self.lines, "  ret void", "}"]
     return "\n".join(sorted(self.decls) + [f"@{self.name}_parallel = constant i32 {int(self.split is not None)}", "", *body, "", *entry, "",
                                            'attributes #0 = { nounwind "no-trapping-math"="true" }', *self.meta])
-
-
-def _tile_loops(uops: List[UOp]) -> Set[UOp]:
-  """The innermost reduce RANGEs with a constant trip count that UNROLL_TILE divides and TILE_ACCS or more vector
-  accumulators: the reduce loops of register tiles, which the LLVM renderer unrolls UNROLL_TILE times."""
-  out: Set[UOp] = set()
-  open_ranges: List[UOp] = []
-  inner: Set[UOp] = set()
-  for u in uops:
-    if u.op is UOps.RANGE:
-      inner.difference_update(open_ranges)
-      open_ranges.append(u)
-      inner.add(u)
-    elif u.op is UOps.ENDRANGE and open_ranges:
-      open_ranges.pop()
-  for r in inner:
-    lo, hi = r.src
-    if not r.arg[1] or lo.op is not UOps.CONST or hi.op is not UOps.CONST or (hi.arg - lo.arg) % UNROLL_TILE != 0 or hi.arg <= lo.arg:
-      continue
-    accs = sum(1 for u in uops if u.op is UOps.DEFINE_ACC and r in u.src and u.dtype is not None and u.dtype.count > 1)
-    if accs >= TILE_ACCS:
-      out.add(r)
-  return out
 
 
 def _index_values(uops: List[UOp]) -> Set[UOp]:

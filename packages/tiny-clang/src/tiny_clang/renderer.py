@@ -26,6 +26,7 @@ from tiny.backend import BinaryOps, CStyleLanguage, DType, Kernel, PtrDType, Ren
 from tiny_clang.heuristics import cpu_hand_coded_optimizations
 from tiny_clang.conv_padding import pads_conv_input
 from tiny_clang.matmul_panels import panel_width
+from tiny_clang.tile_loops import UNROLL_TILE, tile_loops
 from tiny_clang.vmath import exp2_source, log2_source
 
 HALF_PRELUDE = """#if defined(__FLT16_MAX__)
@@ -285,6 +286,8 @@ class ClangRenderer(CStyleLanguage):
     kernel = list(kernel)
     parallel = _split_outer_loop(kernel, uops)
     _mark_reductions(kernel, uops)
+    if self.simd_bytes >= 64:
+      _mark_tile_loops(kernel, uops)
     is_ptr = [isinstance(dtype, PtrDType) for _, (dtype, _) in bufs]
     args = [self.render_arg(n, dt, mut, p) for (n, (dt, mut)), p in zip(bufs, is_ptr)] + ["int core", "int ncores"]
     head = [] if prefix is None else list(prefix)
@@ -427,6 +430,17 @@ def _mark_reductions(kernel: List[str], uops: List[UOp]) -> None:
       m = _FOR.match(line)
       if m is not None and m.group(3) == names[rng]:
         kernel.insert(i, "#pragma omp simd " + " ".join(clauses))
+        break
+
+
+def _mark_tile_loops(kernel: List[str], uops: List[UOp]) -> None:
+  """Ask clang to unroll each register tile's reduce loop UNROLL_TILE times (tiny_clang.tile_loops says which and why)."""
+  names = _range_names(uops)
+  for rng in tile_loops(uops):
+    for i, line in enumerate(kernel):
+      m = _FOR.match(line)
+      if m is not None and m.group(3) == names[rng]:
+        kernel.insert(i, f"#pragma clang loop unroll_count({UNROLL_TILE})")
         break
 
 
