@@ -239,3 +239,22 @@ def test_reduce_axis_read_through_a_gather_stays_rolled_on_avx512() -> None:
     k.hand_coded_optimizations()
     assert any(o.op is OptOps.UNROLL for o in k.applied_opts) == unrolled, k.applied_opts
     np.testing.assert_allclose(run_kernel(k, inputs, (3,)).reshape(3), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("rows", [1, 4])
+def test_batched_matvec_gets_the_strip(rows: int) -> None:
+  """Attention weights times cached values, one matrix per head (p (H, 1, n) @ v (H, n, 64)): each head's vector meets
+  only its own matrix, so the head-dim axis becomes a strip of vector accumulators as in `x @ W`. With several query
+  rows (a batched matmul) a row of p would be loaded once per strip, so the strip is not used."""
+  pn, vn = rng.standard_normal((3, rows, 24), np.float32), rng.standard_normal((3, 24, 64), np.float32)
+  p, v = Tensor(pn, device="PYTHON").realize(), Tensor(vn, device="PYTHON").realize()
+  si = create_schedule([(p @ v).lazydata])[-1]
+  k = Kernel(si.ast, opts=_SimdCpuRenderer())
+  strip_axis = k.first_reduce - 1
+  k.hand_coded_optimizations()
+  strip = [o for o in k.applied_opts if o.op is OptOps.UPCAST and o.axis == strip_axis]
+  assert (prod(o.amt for o in strip) == 64) == (rows == 1), k.applied_opts
+  inputs = [pn if si.bufs[i].nbytes == pn.nbytes else vn for i in (1, 2)]
+  np.testing.assert_allclose(run_kernel(k, inputs, (3, rows, 64)), pn @ vn, rtol=1e-4, atol=1e-4)
+  if rows == 1:
+    assert vector_accs(k) == [16] * 4

@@ -196,16 +196,21 @@ def matvec_strip(k: Kernel) -> bool:
   were no better than 8."""
   lanes = simd_lanes(k)
   if lanes <= 1 or k.reduceop is None or k.reduceop.op is not ReduceOps.SUM or len(k.reduceops) != 1 or \
-      k.first_reduce == 0 or k.upcasted or not _all_int(k.full_shape):
+      k.first_reduce == 0 or k.upcasted or not _all_int(k.full_shape[:k.first_reduce]):
     return False
   axis = k.first_reduce - 1
   out, ins = _real_or_view_strides(k.sts[0]), [_real_or_view_strides(st) for st in k.sts[1:len(k.bufs)]]
   reduce_axes = range(k.first_reduce, k.first_upcast)
   # the matrix: contiguous along the output axis and moving along the reduce
   mats = [s for s in ins if s[axis] == 1 and any(s[r] != 0 for r in reduce_axes)]
-  # the vector: moving along the reduce, broadcast along every output axis (one row of x: no reuse of a loaded vector)
-  vecs = [s for s in ins if any(s[r] != 0 for r in reduce_axes) and all(s[a] == 0 for a in range(k.first_reduce) if k.full_shape[a] > 1)]
-  if out[axis] != 1 or len(mats) != 1 or not vecs or len(mats) + len(vecs) != sum(any(s[r] != 0 for r in reduce_axes) for s in ins):
+  if len(mats) != 1:
+    return False
+  # the vector: moving along the reduce, broadcast along the strip's axis, and along every other output axis unless the
+  # matrix moves there too (one row of x per matrix: no reuse of a loaded vector). A batch of matrix-vector products
+  # qualifies: decode's attention over the cached values, one per head, whose reduce runs to a Variable
+  vecs = [s for s in ins if any(s[r] != 0 for r in reduce_axes) and s[axis] == 0 and
+          all(s[a] == 0 or mats[0][a] != 0 for a in range(k.first_reduce) if k.full_shape[a] != 1)]
+  if out[axis] != 1 or not vecs or len(mats) + len(vecs) != sum(any(s[r] != 0 for r in reduce_axes) for s in ins):
     return False
   n = k.full_shape[axis]
   width = next((v * lanes for v in (8, 4) if n % (v * lanes) == 0), None)
