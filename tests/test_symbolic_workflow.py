@@ -307,3 +307,29 @@ def test_jit_kv_cache_write_at_symbolic_position_then_attend() -> None:
     assert o.numpy().shape == (2, 1, n + 1)
     np.testing.assert_allclose(o.numpy(), w, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(cache.numpy(), ref)
+
+
+def test_jit_merged_heads_kv_cache_attention() -> None:
+  """GPT-2's decode layout: heads merged in a (k/v, position, heads * dim) cache, the filled rows shrunk to a Variable
+  and split into heads with a reshape; the reshape keeps one view, so the kernels index the cache without dividing by
+  the Variable. Checked against numpy for several lengths from one capture."""
+  H, D, S = 3, 4, MAX
+  kv = _rand(2, S, H * D, seed=7)
+  cache = Tensor(kv).realize()
+
+  @TinyJit
+  def step(q: Tensor, n: Variable) -> Tensor:
+    keys = cache.shrink((None, (0, n), None))
+    k, v = (keys.shrink(((j, j + 1), None, None)).reshape(n, H, D).transpose(0, 1) for j in range(2))
+    return q.scaled_dot_product_attention(k, v).realize()
+
+  ns = [2, 5, 9, 3, 10]
+  qs = [_rand(H, 1, D, seed=40 + n) for n in ns]
+  outs = _jit_runs(step, [(Tensor(q), Variable("n", 1, S).bind(n)) for q, n in zip(qs, ns)])
+  for q, n, o in zip(qs, ns, outs):
+    k, v = (kv[j, :n].reshape(n, H, D).transpose(1, 0, 2) for j in range(2))
+    np.testing.assert_allclose(o.numpy(), _attention(q, k, v), rtol=1e-5, atol=1e-5)
+  # the attention kernels read the cache through one view each: no division by the Variable in their source
+  srcs = [ei.prg.p.src for ei in step.jit_cache if hasattr(ei.prg, "p")]
+  srcs += [ji.prg.p.src for ei in step.jit_cache for ji in getattr(ei.prg, "jit_cache", [])]
+  assert srcs and not any("/n)" in s or "%n)" in s or "/n;" in s for s in srcs)

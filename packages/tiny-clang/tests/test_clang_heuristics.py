@@ -215,3 +215,46 @@ def test_small_random_draws_are_not_upcast(n: int, upcast: bool) -> None:
   under a millisecond of run time); a larger draw is upcast like any elementwise kernel."""
   opts = Kernel(_threefry_kernel(n), opts=_SimdCpuRenderer()).hand_coded_optimizations().applied_opts
   assert (len(opts) > 0) == upcast, opts
+
+
+def test_reduce_axis_read_through_a_gather_stays_rolled_on_avx512() -> None:
+  """BatchNorm's backward sums over a max pool's gradient spread back with (i // 2): with 16 lanes the 20-wide last
+  reduce axis is not unrolled whole (it would split into a 16- and a 4-lane piece of scalar work); with 8 lanes
+  (AVX2-like) the old choice, unrolling it, stays."""
+  xn, gn = rng.standard_normal((2, 3, 20, 20), np.float32), rng.standard_normal((2, 3, 10, 10), np.float32)
+  x, g = Tensor(xn, device="PYTHON").realize(), Tensor(gn, device="PYTHON").realize()
+  up = g.reshape(2, 3, 10, 1, 10, 1).expand(2, 3, 10, 2, 10, 2).reshape(2, 3, 20, 20)
+  si = create_schedule([(x * up).sum((0, 2, 3)).lazydata])[-1]
+  want = (xn * gn.repeat(2, 2).repeat(2, 3)).sum((0, 2, 3))
+  inputs = [xn if si.bufs[i].nbytes == xn.nbytes else gn for i in (1, 2)]
+
+  class Avx2ish(_CpuRenderer):
+    supports_float4 = True
+    simd_bytes = 32
+    simd_registers = 16
+  for renderer, unrolled in ((_SimdCpuRenderer(), False), (Avx2ish(), True)):
+    k = Kernel(si.ast, opts=renderer)
+    last = k.shape_len - 1
+    assert k.full_shape[last] == 20 and k.sts[2 if si.bufs[2].nbytes == gn.nbytes else 1].real_strides()[last] is None
+    k.hand_coded_optimizations()
+    assert any(o.op is OptOps.UNROLL for o in k.applied_opts) == unrolled, k.applied_opts
+    np.testing.assert_allclose(run_kernel(k, inputs, (3,)).reshape(3), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("rows", [1, 4])
+def test_batched_matvec_gets_the_strip(rows: int) -> None:
+  """Attention weights times cached values, one matrix per head (p (H, 1, n) @ v (H, n, 64)): each head's vector meets
+  only its own matrix, so the head-dim axis becomes a strip of vector accumulators as in `x @ W`. With several query
+  rows (a batched matmul) a row of p would be loaded once per strip, so the strip is not used."""
+  pn, vn = rng.standard_normal((3, rows, 24), np.float32), rng.standard_normal((3, 24, 64), np.float32)
+  p, v = Tensor(pn, device="PYTHON").realize(), Tensor(vn, device="PYTHON").realize()
+  si = create_schedule([(p @ v).lazydata])[-1]
+  k = Kernel(si.ast, opts=_SimdCpuRenderer())
+  strip_axis = k.first_reduce - 1
+  k.hand_coded_optimizations()
+  strip = [o for o in k.applied_opts if o.op is OptOps.UPCAST and o.axis == strip_axis]
+  assert (prod(o.amt for o in strip) == 64) == (rows == 1), k.applied_opts
+  inputs = [pn if si.bufs[i].nbytes == pn.nbytes else vn for i in (1, 2)]
+  np.testing.assert_allclose(run_kernel(k, inputs, (3, rows, 64)), pn @ vn, rtol=1e-4, atol=1e-4)
+  if rows == 1:
+    assert vector_accs(k) == [16] * 4

@@ -164,3 +164,38 @@ def test_reshape_with_only_a_symbolic_offset():
       return View.create(x.shape, x.strides, sym_infer(x.offset, {v: val}), x.mask)
     assert np.array_equal(_read(at(r), buf), _read(at(slab), buf).reshape(2, 2, 6))
     assert np.array_equal(_read(at(slab), buf), buf.reshape(10, 6, 4)[val].T)
+
+
+def test_reshape_keeps_symbolic_dims_and_regroups_the_int_dims():
+  # a KV cache (2, 16, 12) shrunk to a Variable length n, then (n, 12) -> (n, 3, 4): one view, the int dim split
+  from tiny.shape.symbolic import Variable, sym_infer
+  n = Variable("n", 1, 16)
+  kv = View.create((1, n, 12), (0, 12, 1), 192)
+  r = kv.reshape((n, 3, 4))
+  assert r is not None and r.strides == (12, 4, 1) and r.offset == 192
+  # a symbolic stride on an int run: (3, 4, n) with strides (n, 0, 1) only splits the 4 (an upcast does that)
+  bcast = View.create((3, 4, n), (n, 0, 1))
+  split = bcast.reshape((3, 2, 2, n))
+  assert split is not None and split.strides == (n, 0, 0, 1)
+  # a merge across a symbolic stride is not one view
+  assert bcast.reshape((12, n)) is None
+  buf = np.arange(400)
+  for val in (1, 5, 16):
+    def at(x: View) -> View:
+      return View.create(tuple(sym_infer(s, {n: val}) for s in x.shape), tuple(sym_infer(s, {n: val}) for s in x.strides),
+                         sym_infer(x.offset, {n: val}), x.mask)
+    want = buf[192:192 + 16 * 12].reshape(16, 12)[:val].reshape(val, 3, 4)
+    assert np.array_equal(_read(at(r), buf), want)
+    assert np.array_equal(_read(at(split), buf), _read(at(bcast), buf).reshape(3, 2, 2, val))
+
+
+def test_reshape_around_symbolic_dims_keeps_masks():
+  # a masked int dim next to a symbolic one: the mask moves with its dim through the split
+  from tiny.shape.symbolic import Variable
+  n = Variable("n", 1, 8)
+  # columns 2..5 of a row are not a box in (2, 3) coordinates: no single view
+  assert View.create((n, 6), (6, 1), 0, ((0, n), (2, 6))).reshape((n, 2, 3)) is None
+  # columns 3..5 are the second half: one valid index of the outer dim, folded into the offset
+  w = View.create((n, 6), (6, 1), 0, ((0, n), (3, 6)))
+  rw = w.reshape((n, 2, 3))
+  assert rw is not None and rw.mask == ((0, n), (1, 2), (0, 3)) and rw.strides == (6, 0, 1) and rw.offset == 3

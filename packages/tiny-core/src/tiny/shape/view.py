@@ -63,6 +63,29 @@ def _split_dim(d: _Dim, n_outer: int, n_inner: int) -> Optional[Tuple[_Dim, _Dim
   return None
 
 
+def _split_only(shape: Tuple[int, ...], strides: Tuple[sint, ...], mask: Tuple[Tuple[int, int], ...],
+                new_shape: Tuple[int, ...]) -> Optional[List[Tuple[sint, Tuple[int, int]]]]:
+  """(stride, mask) of each new dim when new_shape only splits dims of shape (each old dim becomes a run of new dims
+  with the same size); None for any merge. The strides may be symbolic: a split only multiplies them."""
+  out: List[Tuple[sint, Tuple[int, int]]] = []
+  j = 0
+  for size, st, (lo, hi) in zip(shape, strides, mask):
+    run: List[int] = []
+    while prod(run) < size and j < len(new_shape):
+      run.append(new_shape[j])
+      j += 1
+    if prod(run) != size:
+      return None
+    dim: Tuple[int, sint, int, int] = (size, st, lo, hi)
+    for k in range(len(run) - 1):
+      if (sp := _split_dim(cast(_Dim, dim), run[k], prod(run[k + 1:]))) is None:
+        return None
+      out.append((sp[0][1], (sp[0][2], sp[0][3])))
+      dim = sp[1]
+    out.append((dim[1], (dim[2], dim[3])))
+  return out if j == len(new_shape) else None
+
+
 def _merge_dims(shape: Tuple[int, ...], strides: Tuple[int, ...], mask: Optional[Mask] = None) -> Tuple[Tuple[int, int, int], ...]:
   """Greedy merge of adjacent mergeable dims: ((size, stride, real size without zero strides), ...) for int views."""
   if not shape:
@@ -372,7 +395,56 @@ class View:
       return View.create(new_shape, tuple(st for _, st, _ in final), self.offset, mask)
     if all_int(self.shape):
       raise ValueError(f"cannot symbolic reshape non-contiguous {self} -> {new_shape}")
-    return None
+    return self._reshape_around_symbolic(new_shape)
+
+  def _reshape_around_symbolic(self, new_shape: Tuple[sint, ...]) -> Optional[View]:
+    """A reshape that keeps every symbolic dim as it is and regroups only the int dims between them (a KV cache shrunk
+    to a Variable length, then (n, 768) -> (n, 12, 64)): each int run goes through the int reshape on its own. Without
+    this the reshape stacks a second view, whose indices divide by the Variable in every load of the kernel."""
+    old_nz = [i for i, s in enumerate(self.shape) if not (isinstance(s, int) and s == 1)]
+    new_nz = [i for i, s in enumerate(new_shape) if not (isinstance(s, int) and s == 1)]
+    old_sym = [i for i in old_nz if not isinstance(self.shape[i], int)]
+    new_sym = [i for i in new_nz if not isinstance(new_shape[i], int)]
+    if len(old_sym) != len(new_sym) or any(self.shape[a] is not new_shape[b] and self.shape[a] != new_shape[b] for a, b in zip(old_sym, new_sym)):
+      return None
+    mask = self.mask if self.mask is not None else tuple((0, s) for s in self.shape)
+    strides: List[sint] = [0] * len(new_shape)
+    new_mask: List[Tuple[sint, sint]] = [(0, s) for s in new_shape]
+    offset: sint = self.offset
+    for a, b in zip(old_sym, new_sym):
+      strides[b], new_mask[b] = self.strides[a], mask[a]
+    # the int runs between consecutive symbolic dims (and before the first, after the last)
+    bounds_old, bounds_new = [-1, *old_sym, len(self.shape)], [-1, *new_sym, len(new_shape)]
+    for k in range(len(bounds_old) - 1):
+      o_idx = [i for i in old_nz if bounds_old[k] < i < bounds_old[k + 1]]
+      n_idx = [i for i in new_nz if bounds_new[k] < i < bounds_new[k + 1]]
+      if not o_idx and not n_idx:
+        continue
+      o_shape, n_shape = tuple(cast(int, self.shape[i]) for i in o_idx), tuple(cast(int, new_shape[i]) for i in n_idx)
+      o_strides, o_mask = tuple(self.strides[i] for i in o_idx), tuple(mask[i] for i in o_idx)
+      if o_shape == n_shape:
+        # the run is unchanged (only size-1 dims come or go): its strides and mask may be symbolic
+        for j, i in enumerate(n_idx):
+          strides[i], new_mask[i] = o_strides[j], o_mask[j]
+        continue
+      if prod(o_shape) != prod(n_shape) or not all(all_int(m) for m in o_mask):
+        return None
+      if not all_int(o_strides):
+        # a symbolic stride (p of shape (12, n) broadcast to (12, 64, n) and the 64 upcast): only splits are supported
+        if (dims := _split_only(o_shape, o_strides, cast(Tuple[Tuple[int, int], ...], o_mask), n_shape)) is None:
+          return None
+        for (st, m), i in zip(dims, n_idx):
+          strides[i], new_mask[i] = st, m
+        continue
+      part = View.create(o_shape, o_strides, 0, o_mask).reshape(n_shape)
+      if part is None or not isinstance(part.offset, int):
+        return None
+      offset = offset + part.offset
+      for j, i in enumerate(n_idx):
+        strides[i] = part.strides[j]
+        new_mask[i] = part.mask[j] if part.mask is not None else (0, new_shape[i])
+    return View.create(new_shape, tuple(strides), offset, tuple(new_mask) if self.mask is not None or any(
+      not (b == 0 and e == s) for (b, e), s in zip(new_mask, new_shape)) else None)
 
 
 def _imax_dim(x: sint) -> int:
