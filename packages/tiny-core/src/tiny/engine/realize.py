@@ -549,7 +549,7 @@ def realize_eager(lb: LazyBuffer) -> bool:
     bufs.append(x.buffer)
   runner, idx = _runner_for(dname, ast)
   # from here on it is scheduled, as _scheduled does it: the output stops holding its graph
-  del out.srcs
+  out.mark_scheduled()
   _run_kernel(runner, [bufs[i] for i in idx])
   return True
 
