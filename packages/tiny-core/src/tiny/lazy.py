@@ -369,10 +369,7 @@ class LazyBuffer:
           return a.const(0)
         if op is BinaryOps.MUL and val == -1:
           return a.e(UnaryOps.NEG)
-    ret = create_lazybuffer(self.device, ShapeTracker.from_shape(shape0), out_dtype, op, arg, srcs, enable_cache=cache and _LAZYCACHE)
-    if ret._ekey is None and ret._base is None and hasattr(ret, "srcs"):
-      eager_key.assign_id(ret)
-    return ret
+    return create_lazybuffer(self.device, ShapeTracker.from_shape(shape0), out_dtype, op, arg, srcs, enable_cache=cache and _LAZYCACHE)
 
   def _reduce_op(self, op: ReduceOps, axis: Tuple[int, ...]) -> LazyBuffer:
     if any(not 0 <= a < len(self.shape) for a in axis):

@@ -550,7 +550,7 @@ def _lowered_once(out: LazyBuffer) -> Optional[_PreItem]:
         _eager_asts[key] = (ret.ast, tuple(leaves.index(b) for b in ret.inputs))
       except TypeError:   # an unhashable arg somewhere in the graph
         pass
-  if not ret.var_vals and (ek := eager_key.current(out)) is not None:
+  if not ret.var_vals and (ek := eager_key.known(out)) is not None:
     _remember_by_id(ek, ret.ast, ret.inputs)
   return ret
 
@@ -573,7 +573,7 @@ def _remember_by_id(ek: Tuple[int, Tuple[LazyBuffer, ...]], ast: LazyOp, inputs:
 def eager_kernel(out: LazyBuffer) -> Optional[Tuple[LazyOp, Tuple[LazyBuffer, ...]]]:
   """(kernel AST, input bases) of out when out is an eager-style graph (see _flat_item) whose structure was scheduled
   before; None otherwise (then the full scheduler must run, which also remembers the structure for next time)."""
-  if (ek := eager_key.current(out)) is not None and (hit := _eager_by_id.get(ek[0])) is not None:
+  if (ek := eager_key.known(out)) is not None and (hit := _eager_by_id.get(ek[0])) is not None:
     leaves: Sequence[LazyBuffer] = ek[1]
   elif (graph := _eager_graph(out)) is None or (hit := _eager_ast(graph[0])) is None:
     return None
