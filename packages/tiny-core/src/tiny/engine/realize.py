@@ -535,9 +535,10 @@ def realize_eager(lb: LazyBuffer) -> bool:
   of several kernels runs its cached schedule (see schedule.cached_schedule). Returns False, having done nothing, where
   the full path must run: a new structure, a JIT capturing, DEBUG>=2 or GRAPH output, inputs on another device. Call it
   holding realize_lock, as Tensor.realize does."""
-  if len(capturing) or DEBUG >= 2 or graph_viz.GRAPH:
+  # the flags' values read directly: their comparison methods are Python calls, and this runs for every eager op
+  if capturing.items or DEBUG.value >= 2 or graph_viz.GRAPH.value:
     return False
-  out = lb.base
+  out = lb._base if lb._base is not None else lb
   if (hit := eager_kernel(out)) is None:
     return _run_cached_schedule(lb)
   ast, inputs = hit
