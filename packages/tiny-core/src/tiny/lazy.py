@@ -98,6 +98,8 @@ class LazyBuffer:
   _fresh_const = False
   # (epoch, structural id, realized bases read) of an elementwise base, see tiny.eager_key
   _ekey: Optional[Tuple[int, int, Tuple[LazyBuffer, ...]]] = None
+  # on a node made by scalar_binop: whether the constant is its first source (`val <op> x`); None on any other node
+  _scalar_rev: Optional[bool] = None
 
   def __init__(self, device: str, st: ShapeTracker, dtype: DType, op: Optional[Op] = None, arg: Any = None, srcs: Tuple[LazyBuffer, ...] = (),
                base: Optional[LazyBuffer] = None, metadata: Optional[Metadata] = None):
@@ -467,7 +469,7 @@ def scalar_binop(x: LazyBuffer, op: BinaryOps, val: ConstType, reverse: bool, ta
   c.shape, c.size, c._readers, c._fresh_const = shape, cst.size, [], True
   ret = LazyBuffer.__new__(LazyBuffer)
   ret.device, ret.st, ret.dtype, ret.shape, ret.size, ret.metadata = device, ShapeTracker.from_shape(shape), dtype, shape, size, metadata
-  ret.op, ret.arg, ret.srcs, ret._readers = op, None, (c, x) if reverse else (x, c), []
+  ret.op, ret.arg, ret.srcs, ret._readers, ret._scalar_rev = op, None, (c, x) if reverse else (x, c), [], reverse
   (rs := b._readers).append(ref(ret))
   if len(rs) >= b._sweep_at:
     b._sweep_readers()

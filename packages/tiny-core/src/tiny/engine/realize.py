@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, Generator, List, Optional, Tuple
 from tiny import plugins
 from tiny.codegen.kernel import Kernel
 from tiny.device import Buffer, Compiled, Compiler
-from tiny.engine import graph_viz
+from tiny.engine import eager_params, graph_viz
 from tiny.engine.schedule import ScheduleItem, cached_schedule, eager_kernel
 from tiny.helpers import BEAM, CAPTURING, DEBUG, NOOPT, GlobalCounters, Metadata, ansilen, colored, getenv, progress_bar, to_function_name
 from tiny.lazy import LazyBuffer
@@ -540,7 +540,8 @@ def realize_eager(lb: LazyBuffer) -> bool:
     return False
   out = lb._base if lb._base is not None else lb
   if (hit := eager_kernel(out)) is None:
-    return _run_cached_schedule(lb)
+    # a scalar op whose constant changed: the kernel that reads it from a buffer, if its structure has one
+    return eager_params.try_run(out) or _run_cached_schedule(lb)
   ast, inputs = hit
   dname = out.device
   bufs = [out.buffer]
