@@ -54,12 +54,14 @@ def scalar_op_id(ret: Any, x: Any, xb: Any, tag: str, val: Any) -> None:
   constant's value, and x's part: a realized base with its dtype and x's tracker, or x's base by its id with x's view
   (read whole and unmasked, as the eager graph needs). The rest follows from x: the dtype, the constant's tracker (x's
   shape, broadcast) and ret's (x's shape, contiguous). ret._ekey = (epoch, id, the realized bases the graph reads)."""
+  # one read of the epoch: a bump by another thread in between must leave ret with the epoch x's id was checked in
+  epoch = state.epoch
   if not hasattr(xb, "srcs"):
     key: Tuple[Any, ...] = ("s", tag, arg_key(val), -1, xb.dtype, x.st)
     leaves: Tuple[Any, ...] = (xb,)
   else:
     ek = xb._ekey
-    if ek is None or ek[0] != state.epoch or not ek[1] or xb.forced_realize or isinstance(xb.dtype, ImageDType):
+    if ek is None or ek[0] != epoch or not ek[1] or xb.forced_realize or isinstance(xb.dtype, ImageDType):
       return
     if x is xb:
       key = ("s", tag, arg_key(val), ek[1], None)
@@ -72,7 +74,7 @@ def scalar_op_id(ret: Any, x: Any, xb: Any, tag: str, val: Any) -> None:
     if len(_ids) >= _MAX_IDS:
       _ids.clear()
     eid = _ids[key] = next(_next_id)
-  ret._ekey = (state.epoch, eid, leaves)
+  ret._ekey = (epoch, eid, leaves)
 
 
 def known(b: Any) -> Optional[Tuple[int, Tuple[Any, ...]]]:

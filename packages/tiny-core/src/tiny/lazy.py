@@ -11,8 +11,8 @@ import functools
 from typing import Any, Dict, List, Optional, Tuple, Union
 from weakref import ReferenceType, ref
 
-from tiny.device import Buffer
 from tiny import eager_key
+from tiny.device import Buffer
 from tiny.dtype import ConstType, DType, dtypes
 from tiny.helpers import DEBUG, SPLIT_REDUCEOP, _METADATA, Metadata, all_int, all_same, getenv, prod
 from tiny.ops import BinaryOps, MetaOps, Op, ReduceOps, TernaryOps, UnaryOps, exec_alu, python_alu
@@ -137,7 +137,8 @@ class LazyBuffer:
   def mark_scheduled(self) -> None:
     """This base's kernel is scheduled: from now on it reads as realized and no longer holds its graph."""
     del self.srcs
-    self._ekey = None
+    if self._ekey is not None:
+      self._ekey = None   # its leaves: a realized base must not keep its inputs alive
     self._lazy_readers_changed()
 
   def _lazy_readers_changed(self) -> None:
