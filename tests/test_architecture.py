@@ -41,7 +41,7 @@ LAYERS: Tuple[Tuple[str, ...], ...] = (
   ("tiny.codegen",),
   ("tiny.renderer",),
   ("tiny.plugins", "tiny.device", "tiny.registry", "tiny.runtime"),
-  ("tiny.lazy", "tiny.multi"),       # below engine: the scheduler works on LazyBuffers; lazy reaches the engine only inside functions
+  ("tiny.lazy", "tiny.eager_key", "tiny.multi"),       # below engine: the scheduler works on LazyBuffers; lazy reaches the engine only inside functions
   ("tiny.engine",),
   ("tiny.function", "tiny.tensor"),
   ("tiny.testing", "tiny.backend", "tiny.__main__", "tiny"),   # facades and tools: nothing in core may import them

@@ -11,6 +11,7 @@ import functools
 from typing import Any, Dict, List, Optional, Tuple, Union
 from weakref import ReferenceType, ref
 
+from tiny import eager_key
 from tiny.device import Buffer
 from tiny.dtype import ConstType, DType, dtypes
 from tiny.helpers import DEBUG, SPLIT_REDUCEOP, _METADATA, Metadata, all_int, all_same, getenv, prod
@@ -95,6 +96,10 @@ class LazyBuffer:
   # True on a constant made for one `Tensor <op> python scalar` (see fresh_const): no other node can read it, so an op
   # on it is never found in the lazy cache and is not put there (see e)
   _fresh_const = False
+  # (epoch, structural id, realized bases read) of an elementwise base, see tiny.eager_key
+  _ekey: Optional[Tuple[int, int, Tuple[LazyBuffer, ...]]] = None
+  # on a node made by scalar_binop: whether the constant is its first source (`val <op> x`); None on any other node
+  _scalar_rev: Optional[bool] = None
 
   def __init__(self, device: str, st: ShapeTracker, dtype: DType, op: Optional[Op] = None, arg: Any = None, srcs: Tuple[LazyBuffer, ...] = (),
                base: Optional[LazyBuffer] = None, metadata: Optional[Metadata] = None):
@@ -129,6 +134,21 @@ class LazyBuffer:
         raise RuntimeError("the base of a view must be a base")
       self._base = base
 
+  def mark_scheduled(self) -> None:
+    """This base's kernel is scheduled: from now on it reads as realized and no longer holds its graph."""
+    del self.srcs
+    if self._ekey is not None:
+      self._ekey = None   # its leaves: a realized base must not keep its inputs alive
+    self._lazy_readers_changed()
+
+  def _lazy_readers_changed(self) -> None:
+    # this unrealized base is realized or forced to realize now: a lazy op reading it may have inlined it into its eager
+    # id (see tiny.eager_key), which no longer describes its graph. Without a live reader, no id can hold it.
+    for r in self._readers:
+      if r() is not None:
+        eager_key.graph_changed()
+        return
+
   def _sweep_readers(self) -> None:
     # a weight read by every step would collect dead refs for ever: drop them once the list is twice what lived at the
     # last sweep (amortized O(1) per reader)
@@ -161,12 +181,13 @@ class LazyBuffer:
   def buffer(self) -> Buffer:
     """The Buffer of the base (made on first use, allocated when the schedule that computes it runs)."""
     b = self._base if self._base is not None else self
-    try:
-      return b._buffer
-    except AttributeError:
-      buf = b._buffer = Buffer(b.device, _int_size(b.st), b.dtype)
-      b._use = _BufferUse(buf)
+    # getattr with a default, not try/except: every computed base takes the miss once, and a raised AttributeError costs
+    # about a microsecond
+    if (buf := getattr(b, "_buffer", None)) is not None:
       return buf
+    buf = b._buffer = Buffer(b.device, _int_size(b.st), b.dtype)
+    b._use = _BufferUse(buf)
+    return buf
 
   @buffer.setter
   def buffer(self, buf: Buffer) -> None:
@@ -261,7 +282,11 @@ class LazyBuffer:
       if inv is not None:
         self.base.contiguous_child = ref(ret), inv
       return ret
-    self.base.forced_realize = True
+    b = self.base
+    if not b.forced_realize:
+      b.forced_realize = True
+      if hasattr(b, "srcs"):
+        b._lazy_readers_changed()
     return self
 
   def cast(self, dtype: DType, bitcast: bool = False, allow_buffer_view: bool = True) -> LazyBuffer:
@@ -417,6 +442,40 @@ class LazyBuffer:
 
   def stride(self, arg: Tuple[int, ...]) -> LazyBuffer:
     return self._view(self.st.stride(arg))
+
+
+def scalar_binop(x: LazyBuffer, op: BinaryOps, val: ConstType, reverse: bool, tag: str, metadata: Optional[Metadata]) -> Optional[LazyBuffer]:
+  """`x <op> val` (`val <op> x` when reverse) for op ADD or MUL and a Python scalar val that is already what
+  dtypes.as_const gives for x's dtype: the graph x.e(op, x.fresh_const(val)) builds, without its generic checks, and with
+  its eager id (see tiny.eager_key.scalar_op_id; `tag` names op and side there). None where e() has more to decide: a
+  folding (x + 0, x * 1, x * -1, integer x * 0, a lazy constant x), a contiguous_child to read instead, a symbolic or
+  empty shape."""
+  b = x._base if x._base is not None else x
+  if b.contiguous_child is not None or (b.op is MetaOps.CONST and hasattr(b, "srcs")):
+    return None
+  if op is BinaryOps.ADD:
+    if val == 0:
+      return None
+  elif val == 1 or val == -1 or (val == 0 and not dtypes.is_float(x.dtype)):
+    return None
+  size = x.size
+  if size.__class__ is not int or size == 0:
+    return None
+  shape, dtype, device = x.shape, x.dtype, x.device
+  # the constant, as one base already in x's shape (as cast() makes of a broadcast constant): one node instead of a
+  # scalar base and its view. Read only by the op below, so it needs no list of readers.
+  c = LazyBuffer.__new__(LazyBuffer)
+  c.device, c.st, c.dtype, c.metadata, c.op, c.arg, c.srcs = device, (cst := _broadcast_st(shape) if shape else _SCALAR_ST), dtype, metadata, \
+    MetaOps.CONST, val, ()
+  c.shape, c.size, c._readers, c._fresh_const = shape, cst.size, [], True
+  ret = LazyBuffer.__new__(LazyBuffer)
+  ret.device, ret.st, ret.dtype, ret.shape, ret.size, ret.metadata = device, ShapeTracker.from_shape(shape), dtype, shape, size, metadata
+  ret.op, ret.arg, ret.srcs, ret._readers, ret._scalar_rev = op, None, (c, x) if reverse else (x, c), [], reverse
+  (rs := b._readers).append(ref(ret))
+  if len(rs) >= b._sweep_at:
+    b._sweep_readers()
+  eager_key.scalar_op_id(ret, x, b, tag, val)
+  return ret
 
 
 def _selects_by_position(x: LazyBuffer, axis: Tuple[int, ...]) -> bool:

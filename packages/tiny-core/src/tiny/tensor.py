@@ -21,8 +21,8 @@ import numpy as np
 from tiny.dtype import ConstType, DType, ImageDType, dtypes, least_upper_dtype, least_upper_float, sum_acc_dtype, to_np_dtype
 from tiny.helpers import (_METADATA, CHECK_INDEX, DEBUG, ContextVar, Metadata, all_int, argfix, argsort, dedup, flatten, fully_flatten, get_shape,
                           make_pair, prod, round_up)
-from tiny.lazy import LazyBuffer
-from tiny.ops import MetaOps
+from tiny.lazy import LazyBuffer, scalar_binop
+from tiny.ops import BinaryOps, MetaOps
 from tiny.registry import Device
 from tiny.shape.symbolic import MulNode, Node, NumNode, SumNode, Variable, sint, sym_infer
 
@@ -2950,6 +2950,39 @@ if TRACEMETA >= 1:
     _static = isinstance(inspect.getattr_static(Tensor, _name), staticmethod)
     setattr(Tensor, _name, staticmethod(_metadata_wrapper(_fn)) if _static else _metadata_wrapper(_fn))
 
+
+def _with_scalar_fast_path(slow: Callable[[Tensor, Any], Tensor], op: BinaryOps, reverse: bool, name: str) -> Callable[[Tensor, Any], Tensor]:
+  """Tensor.<name> (x + 1.5, 2 * x, ...) with the eager case done in one step: a Python float or int operand that takes
+  the tensor's dtype, on a tensor that needs no gradient, builds its two lazy nodes directly (lazy.scalar_binop). The
+  same graph, metadata and requires_grad as `slow` (the method as it was), which runs for everything else."""
+  plain = Metadata(name=name) if TRACEMETA >= 1 else None
+
+  def fast(self: Tensor, x: Any) -> Tensor:
+    cls = x.__class__
+    if (cls is float or cls is int) and self.requires_grad is not True and (lb := self.lazydata).__class__ is LazyBuffer:
+      dt = lb.dtype
+      if dt in _SCALAR_FLOATS:
+        val: ConstType = float(x)
+      elif cls is int and dtypes.is_int(dt):
+        val = _wrap_int(x, dt)
+      else:
+        return slow(self, x)
+      md = _METADATA.get()
+      if md is None and plain is not None:
+        if TRACEMETA.value >= 2:   # the wrapper records the caller
+          return slow(self, x)
+        md = plain
+      if (out := scalar_binop(lb, op, val, reverse, name, md)) is not None:
+        ret = Tensor.__new__(Tensor)
+        ret.lazydata, ret.grad, ret.requires_grad, ret._ctx = out, None, self.requires_grad, None
+        return ret
+    return slow(self, x)
+  return functools.wraps(slow)(fast)
+
+
+for _name, _op, _rev in (("__add__", BinaryOps.ADD, False), ("__radd__", BinaryOps.ADD, True), ("__mul__", BinaryOps.MUL, False),
+                         ("__rmul__", BinaryOps.MUL, True)):
+  setattr(Tensor, _name, _with_scalar_fast_path(getattr(Tensor, _name), _op, _rev, _name))
 
 # last: function.py subclasses Function and builds Tensors, so it imports this module; both names exist by now
 import tiny.function as F  # noqa: E402

@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, Generator, List, Optional, Tuple
 from tiny import plugins
 from tiny.codegen.kernel import Kernel
 from tiny.device import Buffer, Compiled, Compiler
-from tiny.engine import graph_viz
+from tiny.engine import eager_params, graph_viz
 from tiny.engine.schedule import ScheduleItem, cached_schedule, eager_kernel
 from tiny.helpers import BEAM, CAPTURING, DEBUG, NOOPT, GlobalCounters, Metadata, ansilen, colored, getenv, progress_bar, to_function_name
 from tiny.lazy import LazyBuffer
@@ -535,11 +535,13 @@ def realize_eager(lb: LazyBuffer) -> bool:
   of several kernels runs its cached schedule (see schedule.cached_schedule). Returns False, having done nothing, where
   the full path must run: a new structure, a JIT capturing, DEBUG>=2 or GRAPH output, inputs on another device. Call it
   holding realize_lock, as Tensor.realize does."""
-  if len(capturing) or DEBUG >= 2 or graph_viz.GRAPH:
+  # the flags' values read directly: their comparison methods are Python calls, and this runs for every eager op
+  if capturing.items or DEBUG.value >= 2 or graph_viz.GRAPH.value:
     return False
-  out = lb.base
+  out = lb._base if lb._base is not None else lb
   if (hit := eager_kernel(out)) is None:
-    return _run_cached_schedule(lb)
+    # a scalar op whose constant changed: the kernel that reads it from a buffer, if its structure has one
+    return eager_params.try_run(out) or _run_cached_schedule(lb)
   ast, inputs = hit
   dname = out.device
   bufs = [out.buffer]
@@ -549,7 +551,7 @@ def realize_eager(lb: LazyBuffer) -> bool:
     bufs.append(x.buffer)
   runner, idx = _runner_for(dname, ast)
   # from here on it is scheduled, as _scheduled does it: the output stops holding its graph
-  del out.srcs
+  out.mark_scheduled()
   _run_kernel(runner, [bufs[i] for i in idx])
   return True
 

@@ -20,6 +20,7 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any, DefaultDict, Dict, List, Optional, Sequence, Set, Tuple, Union
 
+from tiny import eager_key
 from tiny.device import Buffer
 from tiny.dtype import ImageDType
 from tiny.engine import graph_viz
@@ -539,24 +540,47 @@ def _lowered_once(out: LazyBuffer) -> Optional[_PreItem]:
   key, leaves, nodes = graph
   if (hit := _eager_ast(key)) is not None:
     metadata = dedup([b.metadata for b in nodes if b.metadata is not None])
-    return _PreItem(hit[0], (out,), tuple(leaves[i] for i in hit[1]), {}, metadata)
-  ret = _lower_alone(out)
-  if not ret.var_vals:
-    if len(_eager_asts) >= _AST_NODES_MAX:
-      _eager_asts.clear()
-    try:
-      _eager_asts[key] = (ret.ast, tuple(leaves.index(b) for b in ret.inputs))
-    except TypeError:   # an unhashable arg somewhere in the graph
-      pass
+    ret = _PreItem(hit[0], (out,), tuple(leaves[i] for i in hit[1]), {}, metadata)
+  else:
+    ret = _lower_alone(out)
+    if not ret.var_vals:
+      if len(_eager_asts) >= _AST_NODES_MAX:
+        _eager_asts.clear()
+      try:
+        _eager_asts[key] = (ret.ast, tuple(leaves.index(b) for b in ret.inputs))
+      except TypeError:   # an unhashable arg somewhere in the graph
+        pass
+  if not ret.var_vals and (ek := eager_key.known(out)) is not None:
+    _remember_by_id(ek, ret.ast, ret.inputs)
   return ret
+
+
+def _remember_by_id(ek: Tuple[int, Tuple[LazyBuffer, ...]], ast: LazyOp, inputs: Sequence[LazyBuffer]) -> None:
+  """Keep the kernel ast of out, reading inputs, under out's structural id (see tiny.eager_key), with the position of each input among the
+  realized bases the id lists."""
+  eid, leaves = ek
+  pos = []
+  for b in inputs:
+    i = next((i for i, x in enumerate(leaves) if x is b), None)
+    if i is None:   # not a graph the id describes: leave it to the walk
+      return
+    pos.append(i)
+  if len(_eager_by_id) >= _AST_NODES_MAX:
+    _eager_by_id.clear()
+  _eager_by_id[eid] = (ast, tuple(pos))
 
 
 def eager_kernel(out: LazyBuffer) -> Optional[Tuple[LazyOp, Tuple[LazyBuffer, ...]]]:
   """(kernel AST, input bases) of out when out is an eager-style graph (see _flat_item) whose structure was scheduled
   before; None otherwise (then the full scheduler must run, which also remembers the structure for next time)."""
-  if (graph := _eager_graph(out)) is None or (hit := _eager_ast(graph[0])) is None:
+  if (ek := eager_key.known(out)) is not None and (hit := _eager_by_id.get(ek[0])) is not None:
+    leaves: Sequence[LazyBuffer] = ek[1]
+  elif (graph := _eager_graph(out)) is None or (hit := _eager_ast(graph[0])) is None:
     return None
-  leaves = graph[1]
+  else:
+    leaves = graph[1]
+    if ek is not None:
+      _remember_by_id(ek, hit[0], [leaves[i] for i in hit[1]])
   return hit[0], tuple(leaves[i] for i in hit[1])
 
 
@@ -631,6 +655,8 @@ _CONST = MetaOps.CONST
 # the kernel AST of an eager graph by its structural key (see _eager_graph), with the positions of its input buffers among
 # the graph's realized bases; never symbolic (a graph with Variables is lowered every time)
 _eager_asts: Dict[Tuple[Any, ...], Tuple[LazyOp, Tuple[int, ...]]] = {}
+# the same by the structural id of the graph's top base (see tiny.eager_key): found without walking the graph
+_eager_by_id: Dict[int, Tuple[LazyOp, Tuple[int, ...]]] = {}
 
 
 def _lower_alone(out: LazyBuffer) -> _PreItem:
@@ -750,7 +776,7 @@ def _cached_schedule(structure: _Structure, seen: Set[LazyBuffer]) -> Optional[T
     for n in it.outputs:
       o = nodes[n]
       seen.add(o)
-      del o.srcs
+      o.mark_scheduled()
     metadata = dedup([m for n in it.metadata if (m := nodes[n].metadata) is not None])
     schedule.append(ScheduleItem(it.ast, tuple(nodes[n].buffer for n in it.bufs), metadata))
   schedule_cache_stats.hits += 1
@@ -811,7 +837,7 @@ def _scheduled(ps: _PreItem, seen: Set[LazyBuffer]) -> ScheduleItem:
   """ps as a ScheduleItem; its outputs now count as realized: they drop their sources, which also frees the graph above."""
   for o in ps.outputs:
     seen.add(o)
-    del o.srcs
+    o.mark_scheduled()
   return ScheduleItem(ps.ast, tuple(x.buffer for x in ps.outputs + ps.inputs if x.size != 0), ps.metadata)
 
 
