@@ -102,12 +102,18 @@ class Lowerer:
       raise ValueError(f"all ShapeTrackers of a kernel need the same number of dims, got {shapes}")
     self.full_shape = tuple(next((s[i] for s in shapes if s[i] != 1), 1) for i in range(self.shape_len))
     self.out_shape = ast.src[0].arg.st.shape
+    # a row kernel is laid out by its reduces' output shape; its store gets loops of its own over the row axes
+    self.row_axes = row_axes = _row_store_axes(ast)
+    if row_axes:
+      if group_for_reduces or tensor_core is not None:
+        raise ValueError("a row kernel has no grouped reduce or tensor core")
+      self.out_shape = tuple(1 if i in row_axes else s for i, s in enumerate(self.out_shape))
     self.first_upcasted = self.shape_len - self.ki.upcasted
     self.first_reduce = next((i for i in range(self.first_upcasted) if self.out_shape[i] != self.full_shape[i]), self.first_upcasted)
     self.local_dims, self.group = self.ki.local_dims, group_for_reduces
     self.global_dims = self.first_reduce - self.local_dims
     self.outbufs = {x.arg.idx for x in ast.src}
-    self.cache: Dict[Tuple[int, Tuple[int, ...]], UOp] = {}
+    self.cache: Dict[Tuple[int, Tuple[Optional[int], ...]], UOp] = {}
     self.range_ids = itertools.count(0)
     self.local_ids = itertools.count(0)
     self.bufs: Dict[Tuple[Any, ...], UOp] = {}
@@ -205,8 +211,19 @@ class Lowerer:
     idxs = self.base_idxs()
     return UOp(UOps.SINK, None, tuple(self.to_uop(s, idxs) for s in self.ast.src), self.ki)
 
+  def _row_idxs(self, idxs: List[UOp]) -> List[UOp]:
+    """idxs with a fresh loop (or, for an unrolled part, the lanes) on each row axis: the store loop of a row kernel."""
+    new_idxs = list(idxs)
+    for a in self.row_axes:
+      new_idxs[a] = self._upcast_expand(a) if a >= self.first_upcasted else self._fresh_range(a)
+    return new_idxs
+
   def to_uop(self, x: LazyOp, idxs: List[UOp]) -> UOp:
-    key = (id(x), tuple(id(i) for i in idxs))
+    if x.op in ReduceOps and not self.group and self.tc is None:
+      # a reduce's value does not depend on the index along the axes it reduces: one reduce serves every reader of the row
+      key = (id(x), tuple(None if a in x.arg else id(i) for a, i in enumerate(idxs)))
+    else:
+      key = (id(x), tuple(id(i) for i in idxs))
     if (ret := self.cache.get(key)) is None:
       ret = self.cache[key] = self._to_uop(x, idxs)
     return ret
@@ -234,6 +251,8 @@ class Lowerer:
       return UOp(UOps.LOAD, mb.dtype, (buf, idx, valid, UOp.const(mb.dtype, 0)))
     if x.op is BufferOps.STORE:
       mb = x.arg
+      if self.row_axes:
+        idxs = self._row_idxs(idxs)
       idx, valid = self.render_st(mb.st, idxs)
       sval = self.to_uop(x.src[0], idxs)
       # after a grouped reduce every thread of the group holds the result: only the first one writes
@@ -337,6 +356,11 @@ class Lowerer:
     w = UOp(UOps.WMMA, out_dt, (av, bv, UOp.const(out_dt, 0)), arg)
     red = UOp(UOps.REDUCE, out_dt, (w, *ranges), BinaryOps.ADD) if ranges else w
     return UOp(UOps.EXPAND, tc.dtype_out, tuple(red.gep(e) for e in range(nc)), ((10003, nc),))
+
+
+def _row_store_axes(ast: LazyOp) -> Tuple[int, ...]:
+  from tiny.codegen.kernel import row_store_axes   # kernel.py imports this module
+  return row_store_axes(ast)
 
 
 def lazyop_to_uop(ast: LazyOp, opts: Renderer, group_for_reduces: int = 0, tensor_core: Optional[TensorCore] = None) -> UOp:
