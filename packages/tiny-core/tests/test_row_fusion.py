@@ -292,3 +292,27 @@ def test_row_kernel_renders_for_gpus():
     assert not r.row_kernels
     src = Kernel(si.ast, opts=r).hand_coded_optimizations().to_program().src
     assert src.count("for (") == 3 if isinstance(r, cuda.CUDARenderer) else ".entry" in src   # max, sum, store loops
+
+
+def test_softmax_keeps_exp_in_the_output_instead_of_computing_it_twice():
+  k = _row_kernel()
+  k.linearize()
+  uops = k.uops.uops
+  out_buf = [u for u in uops if u.op is UOps.DEFINE_GLOBAL and u.arg[0] == 0]
+  # the sum's loop stores exp(x - max) into the output; the store loop loads it back and scales it by 1/sum
+  assert len([u for u in uops if u.op is UOps.STORE]) == 2
+  assert any(u.op is UOps.LOAD and u.src[0] in out_buf for u in uops)
+
+
+@pytest.mark.parametrize("fn, ref", [
+  (lambda t: t.softmax(-1).cast(dtypes.float16), lambda a: np_softmax(a).astype(np.float16)),
+  (lambda t: t.softmax(-1) * 2 + t.exp().sum(-1, keepdim=True), lambda a: np_softmax(a) * 2 + np.exp(a).sum(-1, keepdims=True)),
+  (lambda t: (t - t.max(-1, keepdim=True)).exp() * (t - t.max(-1, keepdim=True)).exp().max(-1, keepdim=True),
+   lambda a: np.exp(a - a.max(-1, keepdims=True)) * np.exp(a - a.max(-1, keepdims=True)).max(-1, keepdims=True)),
+])
+def test_kept_values_only_where_they_are_exact(fn, ref):
+  a = rnd(5, 48, seed=23, scale=1.0)
+  x = Tensor(a).realize()
+  assert len(kernels(fn(x))) == 1
+  got = fn(x).numpy()
+  np.testing.assert_allclose(got.astype(np.float32), ref(a).astype(np.float32), atol=2e-3 if got.dtype == np.float16 else 1e-5, rtol=1e-3)
