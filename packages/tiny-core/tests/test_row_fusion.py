@@ -109,10 +109,23 @@ def test_other_axes(axis):
   np.testing.assert_allclose(x.layernorm(axis).numpy(), np_layernorm(a, axis), atol=1e-5, rtol=1e-4)
   if isinstance(axis, int):
     np.testing.assert_allclose(x.softmax(axis).numpy(), np_softmax(a, axis), atol=1e-6, rtol=1e-5)
-  if axis in ((1, 2), -1):
-    assert len(kernels(x.layernorm(axis))) == 1, "trailing row axes fuse"
-  if axis in (0, 1, (0, 1)):
-    assert len(kernels(x.layernorm(axis))) > 1, "a reduce over leading axes keeps its kernels (strided rows)"
+  if axis == -1:
+    assert len(kernels(x.layernorm(axis))) == 1, "the last axis fuses"
+  else:
+    assert len(kernels(x.layernorm(axis))) > 1, "a reduce over other or several axes keeps its kernels"
+
+
+@pytest.mark.parametrize("noopt", [0, 1])
+def test_reduce_over_two_unmergeable_axes(noopt):
+  # found by the program fuzzer: a sum over both axes of a strided view, broadcast back, needs two store loops
+  b = np.random.default_rng(27).integers(-4, 5, (4, 8)).astype(np.int32)
+  with Context(NOOPT=noopt):
+    x = Tensor(b).realize()[::2]
+    v = x.sum(axis=(0, 1), keepdim=True).maximum(x).cast(dtypes.int8)
+    got = (v % v.maximum(1)).numpy()
+  bv = b[::2]
+  vv = np.maximum(bv.sum(keepdims=True), bv).astype(np.int8)
+  np.testing.assert_array_equal(got, np.fmod(vv, np.maximum(vv, 1)))
 
 
 def test_keepdim_false_statistics():
@@ -316,3 +329,20 @@ def test_kept_values_only_where_they_are_exact(fn, ref):
   assert len(kernels(fn(x))) == 1
   got = fn(x).numpy()
   np.testing.assert_allclose(got.astype(np.float32), ref(a).astype(np.float32), atol=2e-3 if got.dtype == np.float16 else 1e-5, rtol=1e-3)
+
+
+def test_affine_layernorm_and_rmsnorm_are_row_kernels():
+  torch = pytest.importorskip("torch")
+  nn = pytest.importorskip("tiny_nn")
+  a, w, b = rnd(3, 7, 48, seed=24), rnd(48, seed=25), rnd(48, seed=26)
+  ln = nn.LayerNorm(48)
+  ln.weight, ln.bias = Tensor(w).realize(), Tensor(b).realize()
+  x = Tensor(a).realize()
+  assert len(kernels(ln(x))) == 1
+  ref = torch.nn.functional.layer_norm(torch.tensor(a), (48,), torch.tensor(w), torch.tensor(b), eps=ln.eps).numpy()
+  np.testing.assert_allclose(ln(x).numpy(), ref, atol=1e-4, rtol=1e-4)
+  rms = nn.RMSNorm(48)
+  rms.weight = Tensor(w).realize()
+  assert len(kernels(rms(x))) == 1
+  ref = a / np.sqrt((a * a).mean(-1, keepdims=True) + rms.eps) * w
+  np.testing.assert_allclose(rms(x).numpy(), ref, atol=1e-4, rtol=1e-4)

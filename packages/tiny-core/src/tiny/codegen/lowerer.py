@@ -108,6 +108,8 @@ class Lowerer:
       if group_for_reduces or tensor_core is not None:
         raise ValueError("a row kernel has no grouped reduce or tensor core")
       self.out_shape = tuple(1 if i in row_axes else s for i, s in enumerate(self.out_shape))
+      if len([a for a in row_axes if a < self.shape_len - self.ki.upcasted]) > 1:
+        raise ValueError("a row kernel's store walks its row in one loop (the linearizer cannot order two free loops)")
     self.first_upcasted = self.shape_len - self.ki.upcasted
     self.first_reduce = next((i for i in range(self.first_upcasted) if self.out_shape[i] != self.full_shape[i]), self.first_upcasted)
     self.row_keep: Optional[LazyOp] = None

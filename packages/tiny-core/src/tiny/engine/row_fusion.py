@@ -7,12 +7,13 @@ each reduce its own loop over the row axes and the store one more, so the input 
 
 The scheduler fuses only this narrow pattern (anything else keeps its kernels), on devices whose renderer sets
 `row_kernels` (the CPUs: one thread walks a row, which a GPU would do slowly):
-- the output is an elementwise op of an int shape F whose row axes are the last axes of F (rows contiguous in the loop order);
+- the output is an elementwise op of an int shape F whose row axis is the last axis of F (rows contiguous in the loop
+  order; one axis, so the store has one loop over it: softmax(-1), layernorm(-1));
 - it is computed from realized buffers (any view), constants, unrealized elementwise ops read whole and unmasked, and
   row statistics read through a plain broadcast along the row axes;
 - a row statistic is a chain of elementwise ops (on constants only) over one SUM or MAX of the row axes of an input of
   shape F, whose source follows the same rules (so a statistic may use an earlier one: the sum of exp(x - max));
-- every reduce reduces the same axes; a row holds at most _ROW_MAX_ELEMENTS elements (it should stay in cache);
+- every reduce reduces that axis; a row holds at most _ROW_MAX_ELEMENTS elements (it should stay in cache);
 - nothing else in the schedule reads the statistics or the ops that depend on them, none is an output or forced to realize,
   and no buffer read is assigned in this schedule.
 """
@@ -122,7 +123,8 @@ class _RowWalk:
       return False
     axes = tuple(sorted(reduce.arg))
     n = len(self.shape)
-    if axes != tuple(range(n - len(axes), n)) or (self.axes is not None and axes != self.axes) or \
+    # one row axis, the last: the store walks it in one loop (two would be two loops the linearizer has no order for)
+    if axes != (n - 1,) or (self.axes is not None and axes != self.axes) or \
         s.shape != tuple(1 if i in axes else d for i, d in enumerate(self.shape)) or prod(self.shape[a] for a in axes) > _ROW_MAX_ELEMENTS:
       return False
     self.axes = axes
