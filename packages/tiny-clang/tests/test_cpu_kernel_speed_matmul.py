@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from tiny.codegen.kernel import Kernel, Opt, OptOps
+from tiny.helpers import Context
 from tiny.engine.schedule import create_schedule
 from tiny.runtime.ops_python import PythonRenderer
 from tiny.tensor import Tensor
@@ -81,9 +82,19 @@ def test_softmax_exp_div_kernel_vector_width(renderer: PythonRenderer, amt: int)
   on AVX-512), not the 4 of core's reuse step."""
   xn = _rand(4, 32, seed=7)
   out = Tensor(xn, device="PYTHON").softmax(-1)
-  si = [s for s in create_schedule([out.lazydata]) if s.ast.op.name == "KERNEL"][-1]
+  with Context(ROW_FUSION=0):   # the third of softmax's kernels
+    si = [s for s in create_schedule([out.lazydata]) if s.ast.op.name == "KERNEL"][-1]
   k = Kernel(si.ast, opts=renderer).hand_coded_optimizations()
   assert k.reduceop is None and k.applied_opts[0] == Opt(OptOps.UPCAST, 1, amt), k.applied_opts
+
+
+@pytest.mark.parametrize("renderer, amt", [(Avx2LikeRenderer(), 8), (Avx512LikeRenderer(), 16)])
+def test_softmax_row_kernel_vector_width(renderer: PythonRenderer, amt: int) -> None:
+  """Softmax as one row kernel: its max, sum and store loops each walk the row one full vector at a time."""
+  out = Tensor(_rand(4, 64, seed=7), device="PYTHON").softmax(-1)
+  (si,) = [s for s in create_schedule([out.lazydata]) if s.ast.op.name == "KERNEL"]
+  k = Kernel(si.ast, opts=renderer).hand_coded_optimizations()
+  assert k.row_store and k.applied_opts == [Opt(OptOps.UNROLL, 0, amt)], k.applied_opts
 
 
 @pytest.mark.parametrize("shape", [(64, 4096), (7, 40), (3, 13)])

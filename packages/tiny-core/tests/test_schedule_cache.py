@@ -219,7 +219,8 @@ def test_views_of_the_output_and_intermediates() -> None:
 def test_intermediates_are_fresh_buffers_each_call() -> None:
   a = _data(6, 4, seed=50)
   x = Tensor(a).realize()
-  scheds = [(x.sum(1, keepdim=True) + x).schedule() for _ in range(2)]
+  # a sum over the leading axis: a row-wise sum would become one row kernel with no intermediate (see row_fusion.py)
+  scheds = [(x.sum(0, keepdim=True) + x).schedule() for _ in range(2)]
   assert [len(s) for s in scheds] == [2, 2]
   assert scheds[0][0].outputs[0] is not scheds[1][0].outputs[0], "a cached schedule writes the new graph's buffers"
   for s in scheds:
@@ -305,10 +306,11 @@ def test_an_intermediate_the_caller_holds_keeps_its_value() -> None:
   for seed in range(3):
     a = _data(5, 3, seed=110 + seed)
     x = Tensor(a).realize()
-    s = (x * 3).sum(1, keepdim=True)   # realized by the schedule as an intermediate (it is broadcast)
+    # realized by the schedule as an intermediate (it is broadcast; a sum along the rows would be inlined in a row kernel)
+    s = (x * 3).sum(0, keepdim=True)
     with n.counting():
       out = (s + x).exp().realize()
-    _close(out, np.exp((a * 3).sum(1, keepdims=True) + a))
+    _close(out, np.exp((a * 3).sum(0, keepdims=True) + a))
     assert s.lazydata.base.realized is not None
-    _close(s, (a * 3).sum(1, keepdims=True))
+    _close(s, (a * 3).sum(0, keepdims=True))
   assert (n.stores, n.hits) == (1, 2)

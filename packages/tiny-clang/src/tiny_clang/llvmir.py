@@ -99,6 +99,7 @@ class LLVMRenderer(Renderer):
 
   device = "LLVM"
   has_local = False
+  row_kernels = True   # as ClangRenderer: rows stay in cache between the passes
   has_shared = False
   global_max = None
   local_max = None

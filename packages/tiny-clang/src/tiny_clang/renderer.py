@@ -165,6 +165,7 @@ class ClangRenderer(CStyleLanguage):
 
   device = "CLANG"
   has_local = False
+  row_kernels = True   # a row of up to 64K floats stays in L2 between the passes: the input is streamed once, not three times
   has_shared = False
   global_max = None
   local_max = None

@@ -213,6 +213,8 @@ DEBUG, IMAGE, BEAM, NOOPT, JIT = ContextVar("DEBUG", 0), ContextVar("IMAGE", 0),
 WINO, THREEFRY, CAPTURING = ContextVar("WINO", 0), ContextVar("THREEFRY", 0), ContextVar("CAPTURING", 1)
 GRAPH, MULTIOUTPUT, TRANSCENDENTAL = ContextVar("GRAPH", 0), ContextVar("MULTIOUTPUT", 1), ContextVar("TRANSCENDENTAL", 1)
 USE_TC, TC_OPT, SPLIT_REDUCEOP = ContextVar("TC", 1), ContextVar("TC_OPT", 0), ContextVar("SPLIT_REDUCEOP", 1)
+# ROW_FUSION=0: softmax/layernorm-style graphs get a kernel per reduce instead of one row kernel (see engine/row_fusion.py)
+ROW_FUSION = ContextVar("ROW_FUSION", 1)
 # CHECK_INDEX=1: realize integer Tensor indices (indexing, gather, one_hot, Embedding) and raise IndexError on the host
 # for out-of-range values; off by default because it costs a device sync per indexing op
 CHECK_INDEX = ContextVar("CHECK_INDEX", 0)

@@ -12,7 +12,7 @@ import math
 import struct
 from dataclasses import dataclass
 from enum import Enum, auto
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from tiny.dtype import ConstType, DType, dtypes
 from tiny.helpers import dedup, prod
@@ -358,6 +358,12 @@ def threefry2x32(x: int, key: int) -> int:
 
 # *** AST checks and estimates ***
 
+def elementwise_shape(shapes: Sequence[Tuple[sint, ...]]) -> Tuple[sint, ...]:
+  """The shape an elementwise op computes over: its sources' shape, or, when a source is a reduce's result read along the
+  axes it reduced (size 1 there, only in a row kernel), the shape of the source with the fewest such 1s."""
+  return max(shapes, key=lambda s: sum(not (isinstance(d, int) and d == 1) for d in s))
+
+
 def verify_lazyop(ast: LazyOp) -> Dict[LazyOp, ShapeTracker]:
   """Check that a kernel AST is well formed and return the ShapeTracker each node computes over.
 
@@ -398,9 +404,14 @@ def verify_lazyop(ast: LazyOp) -> Dict[LazyOp, ShapeTracker]:
       arity = arities.get(op.op)
       if arity is None or len(op.src) != arity:
         raise InvalidLazyOpError(f"{op.op} takes {arity} sources, got {len(op.src)}")
-      st = src_sts[0]
-      if any(s.shape != st.shape for s in src_sts):
-        raise InvalidLazyOpError(f"{op.op} sources have different shapes {[s.shape for s in src_sts]}")
+      st = ShapeTracker.from_shape(elementwise_shape([s.shape for s in src_sts]))
+      for x, s in zip(op.src, src_sts):
+        # a reduce's result may be read along the axes it reduced (a row kernel: x - x.max(1) with the max inlined)
+        if s.shape != st.shape and (not any(y.op in ReduceOps for y in x.lazyops) or
+                                    any(a != b and not (isinstance(a, int) and a == 1) for a, b in zip(s.shape, st.shape))):
+          raise InvalidLazyOpError(f"{op.op} sources have different shapes {[s.shape for s in src_sts]}")
+      if all(s.shape == st.shape for s in src_sts):
+        st = src_sts[0]
     sts[op] = st
     return st
 
@@ -453,7 +464,8 @@ def get_lazyop_info(ast: LazyOp) -> FlopCounter:
       ret = FlopCounter(tuple(1 if i in op.arg else d for i, d in enumerate(s.shape)), s.consume_flops() + prod(s.shape), s.mem)
     else:
       cost = 0 if op.op in (UnaryOps.CAST, UnaryOps.BITCAST) else (2 if op.op is TernaryOps.MULACC else 1)
-      ret = FlopCounter(srcs[0].shape, sum(s.consume_flops() for s in srcs) + cost * prod(srcs[0].shape),
+      shape = elementwise_shape([s.shape for s in srcs])
+      ret = FlopCounter(shape, sum(s.consume_flops() for s in srcs) + cost * prod(shape),
                         {k: v for s in srcs for k, v in s.mem.items()})
     cache[op] = ret
     return ret

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence,
 from tiny.dtype import ImageDType
 from tiny.helpers import DEBUG, TC_OPT, USE_TC, all_int, ansilen, colored, dedup, prod, round_up, to_function_name
 from tiny.ops import UNSAFE_PAD_OPS, ArangeBuffer, BinaryOps, BufferOps, ConstBuffer, KernelInfo, LazyOp, MemBuffer, MetaOps, ReduceOps, UnaryOps, \
-  get_lazyop_info, verify_lazyop
+  elementwise_shape, get_lazyop_info, verify_lazyop
 from tiny.shape.shapetracker import ShapeTracker
 from tiny.codegen.uopgraph import UOpGraph
 from tiny.codegen.lowerer import grouped_dim_sizes, lazyop_to_uop
@@ -127,6 +127,19 @@ def _compared_positions(reduceops: Sequence[LazyOp]) -> List[ArangeBuffer]:
   return found
 
 
+def row_store_axes(ast: LazyOp) -> Tuple[int, ...]:
+  """The axes a row kernel's store loops over that its reduces reduce (empty for any other kernel).
+
+  A row kernel (softmax, layernorm: one kernel per row) has one store over the full rows, and reduces over the row axes
+  whose results are read along those axes, maybe by later reduces of the same row (the sum of exp(x - max)). It loops over
+  a row once per reduce, then once more to store, while the row is in cache."""
+  if ast.op is not MetaOps.KERNEL or len(ast.src) != 1:
+    return ()
+  axes = sorted({a for x in ast.lazyops if x.op in ReduceOps and isinstance(x.arg, tuple) for a in x.arg})
+  shape = ast.src[0].arg.st.shape
+  return tuple(a for a in axes if a < len(shape) and not (isinstance(shape[a], int) and shape[a] == 1))
+
+
 class Kernel:
   """A kernel being optimized. `Kernel(ast)` with ast a KERNEL LazyOp of STOREs (or the STOREs themselves)."""
 
@@ -153,6 +166,12 @@ class Kernel:
     reduce_in = self._reduce_input_shapes()
     for r in self.reduceops:
       self.sts.append(ShapeTracker.from_shape(tuple(1 if i in r.arg else s for i, s in enumerate(reduce_in[r]))))
+    # a row kernel (see row_store_axes) is shaped by its reduces: the output slot holds the reduced shape, so every opt and
+    # heuristic sees the row axes as reduce axes, and the real store view rides along in a last slot
+    self.row_store = bool(row_store_axes(self.ast))
+    if self.row_store:
+      self.sts.append(self.sts[0])
+      self.sts[0] = ShapeTracker.from_shape(tuple(1 if i in row_store_axes(self.ast) else s for i, s in enumerate(self.sts[0].shape)))
     # move all reduce axes to the end
     red = list(enumerate(zip(self.full_shape, self.output_shape)))
     permute = tuple([i for i, (s, n) in red if s == n] + [i for i, (s, n) in red if s != n])
@@ -185,7 +204,7 @@ class Kernel:
       if x.op in ReduceOps:
         s = shapes[x] = shape_of(x.src[0])
         return tuple(1 if i in x.arg else d for i, d in enumerate(s))
-      return shape_of(x.src[0])
+      return elementwise_shape([shape_of(y) for y in x.src])
     for r in self.reduceops:
       shape_of(r)
     return shapes
@@ -389,6 +408,9 @@ class Kernel:
   def _apply_opt(self, opt: Opt) -> None:
     check(isinstance(opt, Opt) and isinstance(opt.op, OptOps), f"not an Opt: {opt!r}")
     check(not self.dont_use_locals or opt.op not in {OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP, OptOps.UPCASTMID}, "not using locals")
+    # a row kernel loops over its row axes once per reduce and once to store: a grouped reduce would store from a thread
+    # group, and a pad would feed the later reduces padded values through the earlier ones' results
+    check(not self.row_store or opt.op not in {OptOps.TC, OptOps.GROUP, OptOps.GROUPTOP, OptOps.PADTO}, f"{opt.op} in a row kernel")
     if opt.op is OptOps.TC:
       check(len(self.applied_opts) == 0, "tensor core opts must be first")
       check(opt.axis is not None and opt.amt is not None, "tensor core opts need an axis and amt")
@@ -519,7 +541,7 @@ class Kernel:
 
   def _tc_candidates(self, tc: TensorCore) -> List[Tuple[int, int, int]]:
     """(n, m, k) axis choices where this tensor core computes the kernel's single SUM of a product of two loads."""
-    if len(self.reduceops) != 1 or self.group_for_reduces or self.upcasted or self.local_dims or self.dont_use_locals:
+    if len(self.reduceops) != 1 or self.row_store or self.group_for_reduces or self.upcasted or self.local_dims or self.dont_use_locals:
       return []
     r = self.reduceops[0]
     mul = r.src[0]
@@ -707,12 +729,14 @@ class Kernel:
         return buf_sts[x.arg].shape
       if x.op in ReduceOps:
         return red_sts[x].shape
-      return shape_of(x.src[0])
+      return elementwise_shape([shape_of(y) for y in x.src])
 
     def fixup(x: LazyOp) -> LazyOp:
       if x in cache:
         return cache[x]
-      if x.op in BufferOps:
+      if x.op is BufferOps.STORE and self.row_store:
+        ret = LazyOp(x.op, tuple(fixup(s) for s in x.src), replace(x.arg, st=self.sts[-1]))
+      elif x.op in BufferOps:
         ret = LazyOp(x.op, tuple(fixup(s) for s in x.src), replace(x.arg, st=buf_sts[x.arg]))
       elif x.op in ReduceOps:
         in_shape, out_shape = shape_of(x.src[0]), red_sts[x].shape

@@ -24,7 +24,8 @@ from tiny import eager_key
 from tiny.device import Buffer
 from tiny.dtype import ImageDType
 from tiny.engine import graph_viz
-from tiny.helpers import DEBUG, MULTIOUTPUT, Metadata, all_int, dedup, getenv, merge_dicts, prod
+from tiny.engine.row_fusion import row_kernels
+from tiny.helpers import DEBUG, MULTIOUTPUT, ROW_FUSION, Metadata, all_int, dedup, getenv, merge_dicts, prod
 from tiny.lazy import LazyBuffer
 from tiny.ops import UNSAFE_PAD_OPS, ArangeBuffer, BinaryOps, BufferOps, ConstBuffer, LazyOp, MemBuffer, MetaOps, ReduceOps, TernaryOps, UnaryOps
 from tiny.registry import Device
@@ -395,11 +396,12 @@ def _assign_hazard(group: Set[LazyBuffer], extra: Set[LazyBuffer], realizes: Dic
 
 
 def _pair_reduces(allbufs: Dict[LazyBuffer, None], realizes: Dict[LazyBuffer, None], children: DefaultDict[LazyBuffer, Dict[LazyBuffer, None]],
-                  assign_targets: Dict[LazyBuffer, LazyBuffer]) -> Dict[LazyBuffer, LazyBuffer]:
-  """Give every reduce a kernel: fuse it into its realized descendants when that is clean, else realize it."""
+                  assign_targets: Dict[LazyBuffer, LazyBuffer], inlined: Set[LazyBuffer]) -> Dict[LazyBuffer, LazyBuffer]:
+  """Give every reduce a kernel: fuse it into its realized descendants when that is clean, else realize it (a reduce a
+  row kernel inlines has no kernel of its own)."""
   reduce_for_op: Dict[LazyBuffer, LazyBuffer] = {}
   for r in allbufs:
-    if r.op not in ReduceOps or r in realizes:
+    if r.op not in ReduceOps or r in realizes or r in inlined:
       continue
     group: Set[LazyBuffer] = set()
     _recursive_group(r, r.st, r, children, realizes, reduce_for_op, group)
@@ -480,7 +482,9 @@ def _graph_schedule(outs: Sequence[LazyBuffer], seen: Set[LazyBuffer]) -> _Graph
     if not _is_padding_okay(p, realizes):
       realizes[p] = None
 
-  reduce_for_op = _pair_reduces(allbufs, realizes, children, assign_targets)
+  # softmax/layernorm-like outputs become row kernels that inline their row statistics (see row_fusion.py)
+  inlined = row_kernels(realizes, children, {x.base for x in outs}, assign_targets) if ROW_FUSION else set()
+  reduce_for_op = _pair_reduces(allbufs, realizes, children, assign_targets, inlined)
 
   output_groups: DefaultDict[LazyBuffer, List[LazyBuffer]] = defaultdict(list)
   for buf in realizes:
@@ -739,7 +743,7 @@ def _graph_structure(outs: Sequence[LazyBuffer]) -> Optional[_Structure]:
       return (n, v, x.st, x.dtype)
     return (n, v)
 
-  key: List[Any] = [MULTIOUTPUT.value, tuple(ref(o) for o in outs)]
+  key: List[Any] = [MULTIOUTPUT.value, ROW_FUSION.value, tuple(ref(o) for o in outs)]
   assigns: List[LazyBuffer] = []
   i = 0
   while i < len(nodes):

@@ -230,6 +230,9 @@ class Renderer:
   simd_registers: int = 0
   has_local: bool = True
   has_shared: bool = True
+  # the scheduler may make row kernels for this device (softmax, layernorm in one kernel: see engine/row_fusion.py); off
+  # where one thread per row walking it serially is slow (a GPU wants the threads of a group to share each row)
+  row_kernels: bool = False
   # SPECIAL indices are int32, so the launch grid stays below 2**31 per dim
   global_max: Optional[Tuple[int, ...]] = (0x8FFFFFFF,) * 3
   local_max: Optional[Tuple[int, ...]] = (0x8FFFFFFF,) * 3

@@ -278,6 +278,7 @@ class PythonRenderer(Renderer):
   device = "PYTHON"
   has_local = True
   has_shared = True
+  row_kernels = True   # an emulator: it runs them to check the GPU-style lowering of row kernels, not for speed
   supports_float4 = True
 
   def __init__(self, emulate: Optional[str] = None) -> None:
