@@ -112,12 +112,6 @@ class Lowerer:
         raise ValueError("a row kernel's store walks its row in one loop (the linearizer cannot order two free loops)")
     self.first_upcasted = self.shape_len - self.ki.upcasted
     self.first_reduce = next((i for i in range(self.first_upcasted) if self.out_shape[i] != self.full_shape[i]), self.first_upcasted)
-    self.row_keep: Optional[LazyOp] = None
-    self.side_stores: List[UOp] = []
-    if row_axes and (kept := _row_kept_value(ast)) is not None and any(a < self.first_upcasted for a in kept[0].arg):
-      # only a reduce with a loop: the store loop comes after it because it reads its result (with no loop left, the
-      # store and the load back would be in one block with nothing to order them)
-      self.row_keep = kept[1]
     self.local_dims, self.group = self.ki.local_dims, group_for_reduces
     self.global_dims = self.first_reduce - self.local_dims
     self.outbufs = {x.arg.idx for x in ast.src}
@@ -217,8 +211,7 @@ class Lowerer:
 
   def lower(self) -> UOp:
     idxs = self.base_idxs()
-    stores = tuple(self.to_uop(s, idxs) for s in self.ast.src)
-    return UOp(UOps.SINK, None, stores + tuple(self.side_stores), self.ki)
+    return UOp(UOps.SINK, None, tuple(self.to_uop(s, idxs) for s in self.ast.src), self.ki)
 
   def _row_idxs(self, idxs: List[UOp]) -> List[UOp]:
     """idxs with a fresh loop (or, for an unrolled part, the lanes) on each row axis: the store loop of a row kernel."""
@@ -262,10 +255,6 @@ class Lowerer:
       mb = x.arg
       if self.row_axes:
         idxs = self._row_idxs(idxs)
-        if self.row_keep is not None:
-          # the value the reduce's loop stored here (see _row_kept_value) is loaded back instead of computed again
-          kidx, _ = self.render_st(mb.st, idxs)
-          self.cache[(id(self.row_keep), tuple(id(i) for i in idxs))] = UOp(UOps.LOAD, mb.dtype, (self.global_buf(mb), kidx))
       idx, valid = self.render_st(mb.st, idxs)
       sval = self.to_uop(x.src[0], idxs)
       # after a grouped reduce every thread of the group holds the result: only the first one writes
@@ -306,11 +295,6 @@ class Lowerer:
         new_idxs[a] = r = self._fresh_range(a)
         ranges.append(r)
     val = self.to_uop(x.src[0], new_idxs)
-    if self.row_axes and self.row_keep is not None and x.src[0] is self.row_keep:
-      # a row kernel's store needs this reduce's source again: keep each value in the output, the store loop reads it back
-      mb: MemBuffer = self.ast.src[0].arg
-      kidx, _ = self.render_st(mb.st, new_idxs)
-      self.side_stores.append(UOp(UOps.STORE, None, (self.global_buf(mb), kidx, val)))
     contract = tuple((a, self.full_shape[a]) for a in axes if a >= self.first_upcasted)
     if contract:
       n = prod([s for _, s in contract])
@@ -374,37 +358,6 @@ class Lowerer:
     w = UOp(UOps.WMMA, out_dt, (av, bv, UOp.const(out_dt, 0)), arg)
     red = UOp(UOps.REDUCE, out_dt, (w, *ranges), BinaryOps.ADD) if ranges else w
     return UOp(UOps.EXPAND, tc.dtype_out, tuple(red.gep(e) for e in range(nc)), ((10003, nc),))
-
-
-# a reduce source with fewer ops than this is cheaper to compute again in the store loop than to store and load back
-_ROW_KEEP_MIN_OPS = 8
-
-
-def _row_kept_value(ast: LazyOp) -> Optional[Tuple[LazyOp, LazyOp]]:
-  """The source of a reduce of a row kernel that its store computes again (softmax's exp(x - max), summed and then
-  divided by the sum), when it is worth keeping: its loop stores each value into the output, where the store loop,
-  which runs after that loop (it reads the reduce's result), loads it back, bit for bit the same. Only for an output
-  of the value's dtype, stored through one unmasked view (each element has its own address). (the reduce, the value)
-  or None."""
-  store = ast.src[0]
-  mb: MemBuffer = store.arg
-  view = mb.st.views[-1]
-  if len(mb.st.views) != 1 or view.mask is not None or any(st == 0 for sh, st in zip(view.shape, view.strides) if sh != 1):
-    return None
-  # the ops the store computes at its own index: its value's graph, not entering reduces (they have their own loops)
-  at_store: Dict[LazyOp, None] = {}   # ordered: the choice below must not depend on hashing
-  todo = [store.src[0]]
-  while todo:
-    if (x := todo.pop()) not in at_store:
-      at_store[x] = None
-      if x.op not in ReduceOps:
-        todo.extend(x.src)
-  for r in at_store:
-    # the store loop reads r's result, so it runs after r's loop has stored every value of the row
-    if r.op in (ReduceOps.SUM, ReduceOps.MAX) and r.src[0] in at_store and r.src[0].dtype == mb.dtype and \
-        len(r.src[0].lazyops) >= _ROW_KEEP_MIN_OPS:
-      return r, r.src[0]
-  return None
 
 
 def _row_store_axes(ast: LazyOp) -> Tuple[int, ...]:
