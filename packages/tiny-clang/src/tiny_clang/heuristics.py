@@ -442,7 +442,10 @@ def cpu_hand_coded_optimizations(k: Kernel) -> bool:
     elementwise_full_vector(k, lanes)
   # a constant "broadcasts" along every axis but is no reuse worth registers; on a SIMD CPU it would only cut the
   # vector width of an elementwise kernel to the 4 that step picks
-  k.upcast_reused_axes(skip_consts=lanes > 0)
+  # and a buffer that is broadcast along the axis and every loop inside it (BatchNorm's per-channel parameters over the
+  # batch axis) is a loop-invariant load that clang hoists: upcasting for it only unrolls the body (MNIST step b64, the
+  # max-pool backward count over BatchNorm's output, (64, 32, 10, 10), one thread, CPU time: 1.3 -> 0.75 ms)
+  k.upcast_reused_axes(skip_consts=lanes > 0, skip_hoisted=True)
   # a long contiguous SUM is left as a plain loop with one accumulator, which the compiler vectorizes
   last = k.first_upcast - 1
   vector_reduce = k.upcasted == 0 and k.first_reduce < k.first_upcast and all(r.op is ReduceOps.SUM for r in k.reduceops) and \
