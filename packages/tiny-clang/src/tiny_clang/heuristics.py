@@ -426,6 +426,32 @@ def split_gather_unroll(k: Kernel, lanes: int) -> bool:
   return any(st.real_strides()[last] is None for st in k.sts[1:len(k.bufs)])
 
 
+def pooled_row_upcast(k: Kernel, lanes: int) -> None:
+  """(AVX-512) A small window reduce unrolled whole (a 2x2 max pool, or its backward's count of maxima) over a short
+  output row that no other step upcast: upcast the whole row (at most `lanes` outputs), so the windows of one output
+  row become a few wide contiguous loads of the input rows instead of a 2-float load per output in a 10-trip loop that
+  clang cannot vectorize (the input walks the row with the window's stride).
+
+  MNIST step b64, the max pool of BatchNorm's output and its backward count over (64, 32, 10, 10), one thread, CPU
+  time: 0.57 -> 0.20 and 0.75 -> 0.27 ms per kernel."""
+  # the reduce is all unrolled (no reduce loop is left) and no output axis is upcast
+  if lanes < 16 or k.reduceop is None or k.first_reduce == 0 or k.first_reduce != k.first_upcast or \
+      any(o.op is OptOps.UPCAST for o in k.applied_opts):
+    return
+  axis = k.first_reduce - 1
+  n = k.full_shape[axis]
+  if not isinstance(n, int) or not 2 <= n <= lanes:
+    return
+  # an input walking the row with a stride over 1 (the window's) and the window itself with stride 1
+  strided = [st.real_strides() for st in k.sts[1:len(k.bufs)]]
+  if not any(isinstance(s := x[axis], int) and s > 1 and any(y == 1 for y in x[k.first_upcast:]) for x in strided):
+    return
+  try:
+    k.apply_opt(Opt(OptOps.UPCAST, axis, 0))
+  except KernelOptError:
+    pass
+
+
 def cpu_hand_coded_optimizations(k: Kernel) -> bool:
   """The CLANG/LLVM heuristic (`Renderer.hand_coded_optimizations`): choose k's opts for a host CPU. Always True: the
   CPU never falls back to core's generic heuristic, whose GPU-minded choices (locals, grouping) it cannot use anyway."""
@@ -464,4 +490,5 @@ def cpu_hand_coded_optimizations(k: Kernel) -> bool:
   wide = lanes > 4 and k.first_reduce > 0 and isinstance(k.full_shape[axis], int) and k.full_shape[axis] % lanes == 0 and \
       k.sts[0].real_strides()[axis] == 1
   k.upcast_output(lanes if wide else 4)
+  pooled_row_upcast(k, lanes)
   return True
