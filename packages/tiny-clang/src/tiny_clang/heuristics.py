@@ -426,6 +426,24 @@ def split_gather_unroll(k: Kernel, lanes: int) -> bool:
   return any(st.real_strides()[last] is None for st in k.sts[1:len(k.bufs)])
 
 
+def gathered_row_unroll(k: Kernel) -> None:
+  """For a kernel split_gather_unroll leaves rolled: when the reduce axis outside the last one is read through an
+  index that is not a stride too (the pooled gradient's rows, `(i // 2)`), unroll it by 4 (or 2), so neighbouring rows,
+  which read the same gathered values, share those loads in one loop body.
+
+  MNIST step b64, BatchNorm backward sums over (64, 32, 20, 20), one thread, CPU time: 0.73 -> 0.54 ms per kernel
+  (by 2: 0.60)."""
+  row = k.first_upcast - 2
+  if row < k.first_reduce or not isinstance(s := k.full_shape[row], int) or s % 2 != 0:
+    return
+  if not any(st.real_strides()[row] is None and st.real_strides()[row + 1] is None for st in k.sts[1:len(k.bufs)]):
+    return
+  try:
+    k.apply_opt(Opt(OptOps.UNROLL, row - k.first_reduce, 4 if s % 4 == 0 else 2))
+  except KernelOptError:
+    pass
+
+
 def pooled_row_upcast(k: Kernel, lanes: int) -> None:
   """(AVX-512) A small window reduce unrolled whole (a 2x2 max pool, or its backward's count of maxima) over a short
   output row that no other step upcast: upcast the whole row (at most `lanes` outputs), so the windows of one output
@@ -485,6 +503,8 @@ def cpu_hand_coded_optimizations(k: Kernel) -> bool:
     reduce_rows(k, lanes)
   if not split_gather_unroll(k, lanes):
     k.unroll_reduce(lanes if lane_reduce else 4)
+  else:
+    gathered_row_unroll(k)
   # an elementwise kernel whose output is contiguous along its last axis computes whole vectors
   axis = k.first_reduce - 1
   wide = lanes > 4 and k.first_reduce > 0 and isinstance(k.full_shape[axis], int) and k.full_shape[axis] % lanes == 0 and \
