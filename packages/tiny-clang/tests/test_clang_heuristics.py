@@ -5,7 +5,7 @@ depend on this host), then run on the PYTHON reference device and checked agains
 CLANG and LLVM renderers use the hook and declare the host's register count."""
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import Any, List, Tuple
 
 import numpy as np
 import pytest
@@ -219,8 +219,9 @@ def test_small_random_draws_are_not_upcast(n: int, upcast: bool) -> None:
 
 def test_reduce_axis_read_through_a_gather_stays_rolled_on_avx512() -> None:
   """BatchNorm's backward sums over a max pool's gradient spread back with (i // 2): with 16 lanes the 20-wide last
-  reduce axis is not unrolled whole (it would split into a 16- and a 4-lane piece of scalar work); with 8 lanes
-  (AVX2-like) the old choice, unrolling it, stays."""
+  reduce axis is not unrolled whole (it would split into a 16- and a 4-lane piece of scalar work) and the row axis
+  outside it, gathered too, is unrolled by 4 (gathered_row_unroll); with 8 lanes (AVX2-like) the old choice, unrolling
+  the last axis, stays."""
   xn, gn = rng.standard_normal((2, 3, 20, 20), np.float32), rng.standard_normal((2, 3, 10, 10), np.float32)
   x, g = Tensor(xn, device="PYTHON").realize(), Tensor(gn, device="PYTHON").realize()
   up = g.reshape(2, 3, 10, 1, 10, 1).expand(2, 3, 10, 2, 10, 2).reshape(2, 3, 20, 20)
@@ -236,8 +237,10 @@ def test_reduce_axis_read_through_a_gather_stays_rolled_on_avx512() -> None:
     k = Kernel(si.ast, opts=renderer)
     last = k.shape_len - 1
     assert k.full_shape[last] == 20 and k.sts[2 if si.bufs[2].nbytes == gn.nbytes else 1].real_strides()[last] is None
+    row = Opt(OptOps.UNROLL, last - 1 - k.first_reduce, 4)
     k.hand_coded_optimizations()
-    assert any(o.op is OptOps.UNROLL for o in k.applied_opts) == unrolled, k.applied_opts
+    # rolled, the last axis is not unrolled, but the gathered row axis outside it is (by 4: rows share gathered loads)
+    assert (k.applied_opts == [row]) == (not unrolled), k.applied_opts
     np.testing.assert_allclose(run_kernel(k, inputs, (3,)).reshape(3), want, rtol=1e-4, atol=1e-4)
 
 
@@ -258,3 +261,68 @@ def test_batched_matvec_gets_the_strip(rows: int) -> None:
   np.testing.assert_allclose(run_kernel(k, inputs, (3, rows, 64)), pn @ vn, rtol=1e-4, atol=1e-4)
   if rows == 1:
     assert vector_accs(k) == [16] * 4
+
+
+# *** broadcast loads the compiler hoists ***
+
+def _normalized_pool(n: int) -> Tuple[Any, List[np.ndarray], np.ndarray]:
+  """A max pool of a per-channel affine map (BatchNorm's output, then max_pool2d): one kernel whose per-channel
+  parameters are broadcast along the batch axis and every loop inside the channel axis."""
+  xn = rng.standard_normal((n, 4, 20, 20), np.float32)
+  mn, sn = rng.standard_normal(4).astype(np.float32), rng.random(4, np.float32) + 0.5
+  x, m, s = (Tensor(a, device="PYTHON").realize() for a in (xn, mn, sn))
+  si = create_schedule([((x - m.reshape(1, 4, 1, 1)) * s.reshape(1, 4, 1, 1)).max_pool2d().lazydata])[-1]
+  y = (xn - mn.reshape(1, 4, 1, 1)) * sn.reshape(1, 4, 1, 1)
+  want = y.reshape(n, 4, 10, 2, 10, 2).max((3, 5))
+  arrays = {id(t.lazydata.base.realized): a for t, a in ((x, xn), (m, mn), (s, sn))}
+  return si, [arrays[id(b)] for b in si.bufs[1:]], want
+
+
+def test_batch_axis_not_upcast_for_hoisted_per_channel_parameters() -> None:
+  """The per-channel parameters' loads sit outside the 10x10x2x2 loops inside the channel axis (clang hoists them), so
+  upcasting the batch axis to reuse them gains nothing and only unrolls the body (MNIST step b64, max-pool backward
+  mask over BatchNorm's output, one thread: 1.3 -> 0.75 ms). Core's generic heuristic (a GPU's) still upcasts it."""
+  si, inputs, want = _normalized_pool(8)
+  k = Kernel(si.ast, opts=_SimdCpuRenderer())
+  k.hand_coded_optimizations()
+  assert not any(o.op is OptOps.UPCAST and o.axis == 0 for o in k.applied_opts), k.applied_opts
+  np.testing.assert_allclose(run_kernel(k, inputs, want.shape), want, rtol=1e-5, atol=1e-5)
+  generic = Kernel(si.ast, opts=PythonRenderer())
+  generic.upcast_reused_axes()
+  assert any(o.op is OptOps.UPCAST and o.axis == 0 for o in generic.applied_opts), generic.applied_opts
+  np.testing.assert_allclose(run_kernel(generic, inputs, want.shape), want, rtol=1e-5, atol=1e-5)
+
+
+def test_reuse_inside_a_reduce_loop_still_upcasts_with_skip_hoisted() -> None:
+  """A matmul's left operand is broadcast along the output columns but moves along the reduce loop inside them: its
+  load is not hoisted, so upcasting the columns for it still saves loads and skip_hoisted keeps that upcast."""
+  an, bn = rng.standard_normal((64, 24), np.float32), rng.standard_normal((24, 48), np.float32)
+  a, b = Tensor(an, device="PYTHON").realize(), Tensor(bn, device="PYTHON").realize()
+  si = create_schedule([(a @ b).lazydata])[-1]
+  picks = []
+  for skip in (False, True):
+    k = Kernel(si.ast, opts=PythonRenderer())
+    k.upcast_reused_axes(skip_hoisted=skip)
+    picks.append(k.applied_opts)
+  assert picks[0] == picks[1] and len(picks[0]) > 0, picks
+  inputs = [an if si.bufs[i].nbytes == an.nbytes else bn for i in (1, 2)]
+  np.testing.assert_allclose(run_kernel(k, inputs, (64, 48)), an @ bn, rtol=1e-4, atol=1e-4)
+
+
+def test_pooled_row_upcast_whole_on_avx512() -> None:
+  """A 2x2 max pool with its window unrolled over a 10-wide output row: with 16 lanes the whole row is upcast (its
+  windows become wide contiguous loads of two input rows; MNIST step b64: 0.57 -> 0.20 ms per kernel); with 8 lanes
+  (AVX2-like) the row stays a loop, as before."""
+  si, inputs, want = _normalized_pool(2)
+
+  class Avx2ish(_CpuRenderer):
+    supports_float4 = True
+    simd_bytes = 32
+    simd_registers = 16
+  for renderer, whole in ((_SimdCpuRenderer(), True), (Avx2ish(), False)):
+    k = Kernel(si.ast, opts=renderer)
+    row = k.first_reduce - 1
+    assert k.full_shape[row] == 10
+    k.hand_coded_optimizations()
+    assert (Opt(OptOps.UPCAST, row, 0) in k.applied_opts) == whole, k.applied_opts
+    np.testing.assert_allclose(run_kernel(k, inputs, want.shape), want, rtol=1e-5, atol=1e-5)

@@ -58,6 +58,11 @@ def _size_hint(shape: Sequence[Any]) -> int:
   return prod(_upper(x) for x in shape)
 
 
+# upcast_reused_axes(skip_hoisted=True): a broadcast load hoisted out of inner loops running this many times in all is
+# reused enough by the hoisting alone
+HOISTED_MIN_TRIPS = 8
+
+
 def _is_zero(st: Any) -> bool:
   """A stride known to be 0 (broadcast); a symbolic stride counts as non-zero."""
   return isinstance(st, int) and st == 0
@@ -661,18 +666,31 @@ class Kernel:
           deleted_shape += 1
     return self
 
-  def upcast_reused_axes(self, skip_consts: bool = False) -> None:
+  def upcast_reused_axes(self, skip_consts: bool = False, skip_hoisted: bool = False) -> None:
     """Upcast (by 3 or 4) output axes that some buffer broadcasts over, so that each loaded value is reused from a register,
     while the kernel has 1024 or more outputs. With skip_consts a constant's broadcast does not count as reuse (a device
-    whose vector width that upcast would cut says so). A heuristic step, for core's and a device's heuristics."""
+    whose vector width that upcast would cut says so). With skip_hoisted neither does a buffer that is also broadcast
+    along the innermost loops inside the axis, HOISTED_MIN_TRIPS iterations or more in all: its load is invariant in
+    them, so a compiler that hoists invariant loads (a CPU's) already reuses it from a register, and the upcast only
+    unrolls the loop body. A heuristic step, for core's and a device's heuristics."""
     upcasted_axis = set()
     reuse = [i for i in range(len(self.sts)) if not (skip_consts and i < len(self.bufs) and isinstance(self.bufs[i], (ConstBuffer, ArangeBuffer)))]
+
+    def hoisted(buf_index: int, axis: int) -> bool:
+      # the innermost loops (inside axis) that the buffer is broadcast along: its load sits outside them
+      view, trips = self.sts[buf_index].views[-1], 1
+      for a in reversed(range(axis + 1, self.first_upcast)):
+        # a mask that cuts an axis makes the load's validity, so the load itself, vary along it
+        if not (_is_zero(view.strides[a]) or view.shape[a] == 1) or (view.mask is not None and view.mask[a] != (0, view.shape[a])):
+          break
+        trips *= _upper(view.shape[a])
+      return skip_hoisted and trips >= HOISTED_MIN_TRIPS
     while _size_hint(self.sts[0].shape[:self.first_reduce]) >= 1024:
       xb_choices = []
       for axis, upcast_amount in itertools.product(range(self.first_reduce), [3, 4]):
         if axis not in upcasted_axis and _divides(upcast_amount, self.full_shape[axis]) and \
             any(_is_zero(self.sts[buf_index].views[-1].strides[axis]) and not any(_is_zero(x[1]) for x in self.upcasted_axis(buf_index))
-                for buf_index in reuse):
+                and not hoisted(buf_index, axis) for buf_index in reuse):
           # rank by how many buffers move along the axis, then by how far (a symbolic stride counts as moving, by its upper bound)
           strides = [st.views[-1].strides[axis] for st in self.sts]
           xb_choices.append((sum(int(not isinstance(x, int) or x > 0) for x in strides), sum(_upper(x) for x in strides), axis, upcast_amount))
