@@ -43,6 +43,13 @@ class _SimdCpuRenderer(_CpuRenderer):
   simd_registers = 32
 
 
+class _Avx2CpuRenderer(_CpuRenderer):
+  """The same with 16 vector registers of 32 bytes (AVX2-like)."""
+  supports_float4 = True
+  simd_bytes = 32
+  simd_registers = 16
+
+
 run_kernel = run_kernel_on_python
 
 
@@ -229,11 +236,7 @@ def test_reduce_axis_read_through_a_gather_stays_rolled_on_avx512() -> None:
   want = (xn * gn.repeat(2, 2).repeat(2, 3)).sum((0, 2, 3))
   inputs = [xn if si.bufs[i].nbytes == xn.nbytes else gn for i in (1, 2)]
 
-  class Avx2ish(_CpuRenderer):
-    supports_float4 = True
-    simd_bytes = 32
-    simd_registers = 16
-  for renderer, unrolled in ((_SimdCpuRenderer(), False), (Avx2ish(), True)):
+  for renderer, unrolled in ((_SimdCpuRenderer(), False), (_Avx2CpuRenderer(), True)):
     k = Kernel(si.ast, opts=renderer)
     last = k.shape_len - 1
     assert k.full_shape[last] == 20 and k.sts[2 if si.bufs[2].nbytes == gn.nbytes else 1].real_strides()[last] is None
@@ -315,11 +318,7 @@ def test_pooled_row_upcast_whole_on_avx512() -> None:
   (AVX2-like) the row stays a loop, as before."""
   si, inputs, want = _normalized_pool(2)
 
-  class Avx2ish(_CpuRenderer):
-    supports_float4 = True
-    simd_bytes = 32
-    simd_registers = 16
-  for renderer, whole in ((_SimdCpuRenderer(), True), (Avx2ish(), False)):
+  for renderer, whole in ((_SimdCpuRenderer(), True), (_Avx2CpuRenderer(), False)):
     k = Kernel(si.ast, opts=renderer)
     row = k.first_reduce - 1
     assert k.full_shape[row] == 10
