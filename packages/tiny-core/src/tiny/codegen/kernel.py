@@ -18,7 +18,7 @@ from tiny.ops import UNSAFE_PAD_OPS, ArangeBuffer, BinaryOps, BufferOps, ConstBu
   elementwise_shape, get_lazyop_info, verify_lazyop
 from tiny.shape.shapetracker import ShapeTracker
 from tiny.codegen.uopgraph import UOpGraph
-from tiny.codegen.lowerer import grouped_dim_sizes, lazyop_to_uop
+from tiny.codegen.lowerer import grouped_dim_sizes, lazyop_to_uop, row_store_axes
 from tiny.codegen.uops import PatternMatcher
 
 if TYPE_CHECKING:
@@ -132,19 +132,6 @@ def _compared_positions(reduceops: Sequence[LazyOp]) -> List[ArangeBuffer]:
   return found
 
 
-def row_store_axes(ast: LazyOp) -> Tuple[int, ...]:
-  """The axes a row kernel's store loops over that its reduces reduce (empty for any other kernel).
-
-  A row kernel (softmax, layernorm: one kernel per row) has one store over the full rows, and reduces over the row axes
-  whose results are read along those axes, maybe by later reduces of the same row (the sum of exp(x - max)). It loops over
-  a row once per reduce, then once more to store, while the row is in cache."""
-  if ast.op is not MetaOps.KERNEL or len(ast.src) != 1:
-    return ()
-  axes = sorted({a for x in ast.lazyops if x.op in ReduceOps and isinstance(x.arg, tuple) for a in x.arg})
-  shape = ast.src[0].arg.st.shape
-  return tuple(a for a in axes if a < len(shape) and not (isinstance(shape[a], int) and shape[a] == 1))
-
-
 class Kernel:
   """A kernel being optimized. `Kernel(ast)` with ast a KERNEL LazyOp of STOREs (or the STOREs themselves)."""
 
@@ -173,10 +160,11 @@ class Kernel:
       self.sts.append(ShapeTracker.from_shape(tuple(1 if i in r.arg else s for i, s in enumerate(reduce_in[r]))))
     # a row kernel (see row_store_axes) is shaped by its reduces: the output slot holds the reduced shape, so every opt and
     # heuristic sees the row axes as reduce axes, and the real store view rides along in a last slot
-    self.row_store = bool(row_store_axes(self.ast))
+    row_axes = row_store_axes(self.ast)
+    self.row_store = bool(row_axes)
     if self.row_store:
       self.sts.append(self.sts[0])
-      self.sts[0] = ShapeTracker.from_shape(tuple(1 if i in row_store_axes(self.ast) else s for i, s in enumerate(self.sts[0].shape)))
+      self.sts[0] = ShapeTracker.from_shape(tuple(1 if i in row_axes else s for i, s in enumerate(self.sts[0].shape)))
     # move all reduce axes to the end
     red = list(enumerate(zip(self.full_shape, self.output_shape)))
     permute = tuple([i for i, (s, n) in red if s == n] + [i for i, (s, n) in red if s != n])
@@ -678,13 +666,15 @@ class Kernel:
 
     def hoisted(buf_index: int, axis: int) -> bool:
       # the innermost loops (inside axis) that the buffer is broadcast along: its load sits outside them
+      if not skip_hoisted:
+        return False
       view, trips = self.sts[buf_index].views[-1], 1
       for a in reversed(range(axis + 1, self.first_upcast)):
         # a mask that cuts an axis makes the load's validity, so the load itself, vary along it
         if not (_is_zero(view.strides[a]) or view.shape[a] == 1) or (view.mask is not None and view.mask[a] != (0, view.shape[a])):
           break
         trips *= _upper(view.shape[a])
-      return skip_hoisted and trips >= HOISTED_MIN_TRIPS
+      return trips >= HOISTED_MIN_TRIPS
     while _size_hint(self.sts[0].shape[:self.first_reduce]) >= 1024:
       xb_choices = []
       for axis, upcast_amount in itertools.product(range(self.first_reduce), [3, 4]):

@@ -103,7 +103,7 @@ class Lowerer:
     self.full_shape = tuple(next((s[i] for s in shapes if s[i] != 1), 1) for i in range(self.shape_len))
     self.out_shape = ast.src[0].arg.st.shape
     # a row kernel is laid out by its reduces' output shape; its store gets loops of its own over the row axes
-    self.row_axes = row_axes = _row_store_axes(ast)
+    self.row_axes = row_axes = row_store_axes(ast)
     if row_axes:
       if group_for_reduces or tensor_core is not None:
         raise ValueError("a row kernel has no grouped reduce or tensor core")
@@ -360,9 +360,17 @@ class Lowerer:
     return UOp(UOps.EXPAND, tc.dtype_out, tuple(red.gep(e) for e in range(nc)), ((10003, nc),))
 
 
-def _row_store_axes(ast: LazyOp) -> Tuple[int, ...]:
-  from tiny.codegen.kernel import row_store_axes   # kernel.py imports this module
-  return row_store_axes(ast)
+def row_store_axes(ast: LazyOp) -> Tuple[int, ...]:
+  """The axes a row kernel's store loops over that its reduces reduce (empty for any other kernel).
+
+  A row kernel (softmax, layernorm: one kernel per row) has one store over the full rows, and reduces over the row axes
+  whose results are read along those axes, maybe by later reduces of the same row (the sum of exp(x - max)). It loops over
+  a row once per reduce, then once more to store, while the row is in cache."""
+  if ast.op is not MetaOps.KERNEL or len(ast.src) != 1:
+    return ()
+  axes = sorted({a for x in ast.lazyops if x.op in ReduceOps and isinstance(x.arg, tuple) for a in x.arg})
+  shape = ast.src[0].arg.st.shape
+  return tuple(a for a in axes if a < len(shape) and not (isinstance(shape[a], int) and shape[a] == 1))
 
 
 def lazyop_to_uop(ast: LazyOp, opts: Renderer, group_for_reduces: int = 0, tensor_core: Optional[TensorCore] = None) -> UOp:
