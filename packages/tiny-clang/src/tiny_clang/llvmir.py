@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import struct
-from typing import Any, Dict, List, Set, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 from tiny.backend import BinaryOps, DType, Kernel, PtrDType, Renderer, TernaryOps, UnaryOps, UOp, UOps, dtypes, lazy_gated_alternatives, \
   to_function_name
@@ -19,8 +19,9 @@ from tiny.backend import BinaryOps, DType, Kernel, PtrDType, Renderer, TernaryOp
 from tiny_clang.heuristics import cpu_hand_coded_optimizations
 from tiny_clang.conv_padding import pads_conv_input
 from tiny_clang.matmul_panels import panel_width
+from tiny_clang.streaming_stores import stream_min_bytes, streaming_stores
 from tiny_clang.tile_loops import UNROLL_TILE, tile_loops
-from tiny_clang.renderer import _loop_structure, _only_through, host_simd_bytes, host_simd_registers
+from tiny_clang.renderer import _cpu_flags, _loop_structure, _only_through, host_simd_bytes, host_simd_registers
 
 _SCALAR = {dtypes.bool: "i1", dtypes.int8: "i8", dtypes.uint8: "i8", dtypes.int16: "i16", dtypes.uint16: "i16", dtypes.int32: "i32",
            dtypes.uint32: "i32", dtypes.int64: "i64", dtypes.uint64: "i64", dtypes.float16: "half", dtypes.bfloat16: "bfloat",
@@ -110,6 +111,7 @@ class LLVMRenderer(Renderer):
   def __init__(self) -> None:
     self.simd_bytes = host_simd_bytes()
     self.simd_registers = host_simd_registers(self.simd_bytes)
+    self.stream_min_bytes = stream_min_bytes(self.simd_bytes, _cpu_flags())   # tiny_clang.streaming_stores
 
   def hand_coded_optimizations(self, k: Kernel) -> bool:
     """The host CPU's tiling heuristic (tiny_clang.heuristics) instead of core's device-neutral one."""
@@ -124,13 +126,13 @@ class LLVMRenderer(Renderer):
     return pads_conv_input(self.simd_bytes, padded_spatial, dtype)
 
   def render(self, name: str, uops: List[UOp]) -> str:
-    return _Builder(to_function_name(name), list(uops)).build()
+    return _Builder(to_function_name(name), list(uops), self.stream_min_bytes).build()
 
 
 class _Builder:
   """One render: the IR lines, the value of each uop, the current block."""
 
-  def __init__(self, name: str, uops: List[UOp]):
+  def __init__(self, name: str, uops: List[UOp], stream_min_bytes: int = 0):
     self.name, self.uops = name, uops
     self.lines: List[str] = []
     self.allocas: List[str] = []
@@ -150,6 +152,9 @@ class _Builder:
     self.meta: List[str] = []
     # the per-lane alternative of a gated vector load (and its lane loads) is emitted inside that load's fallback path
     self.lazy = lazy_gated_alternatives(uops)
+    # non-temporal stores of large outputs (tiny_clang.streaming_stores); the metadata node they carry, once emitted
+    self.streams = streaming_stores(uops, stream_min_bytes)
+    self.nontemporal_md: Optional[str] = None
 
   # *** helpers ***
 
@@ -432,10 +437,29 @@ class _Builder:
     if vdt.scalar() == dtypes.bool:
       v = self.ins(f"zext {ltype(vdt)} {v} to {mtype(vdt)}")
     p = self.gep(buf, idx)
-    self.emit(f"store {mtype(vdt)} {v}, ptr {p}, align {buf.dtype.base.scalar().itemsize}")
+    if u in self.streams:
+      self.streaming_store(v, vdt, p, buf.dtype.base.scalar().itemsize)
+    else:
+      self.emit(f"store {mtype(vdt)} {v}, ptr {p}, align {buf.dtype.base.scalar().itemsize}")
     if len(u.src) > 3:
       self.emit(f"br label %stj{n}")
       self.label(f"stj{n}")
+
+  def streaming_store(self, v: str, vdt: DType, p: str, align: int) -> None:
+    """A non-temporal store of a whole cache line where p is 64-byte aligned, a plain store where it is not."""
+    if self.nontemporal_md is None:
+      self.nontemporal_md = f"!{len(self.meta)}"
+      self.meta.append(f"{self.nontemporal_md} = !{{i32 1}}")
+    n = self.tmp()[2:]
+    off = self.ins(f"and i64 {self.ins(f'ptrtoint ptr {p} to i64')}, 63")
+    self.emit(f"br i1 {self.ins(f'icmp eq i64 {off}, 0')}, label %nt{n}, label %ntp{n}")
+    self.label(f"nt{n}")
+    self.emit(f"store {mtype(vdt)} {v}, ptr {p}, align 64, !nontemporal {self.nontemporal_md}")
+    self.emit(f"br label %ntj{n}")
+    self.label(f"ntp{n}")
+    self.emit(f"store {mtype(vdt)} {v}, ptr {p}, align {align}")
+    self.emit(f"br label %ntj{n}")
+    self.label(f"ntj{n}")
 
   # *** control flow ***
 
@@ -575,7 +599,11 @@ class _Builder:
         entry.append(f"  %c{i} = trunc i64 %a{i} to i32")
         call.append(f"i32 %c{i}")
     entry += [f"  call void @{self.name}({', '.join(call + ['i32 %core', 'i32 %ncores'])})", "  ret void", "}"]
-    body = [f"define void @{self.name}({', '.join(params)}) #0 {{", "entry:", *self.allocas, *self.lines, "  ret void", "}"]
+    # streaming stores are weakly ordered: drain them before the slice is reported done to the other threads
+    fence = ["  call void @llvm.x86.sse.sfence()"] if self.streams else []
+    if self.streams:
+      self.decls.add("declare void @llvm.x86.sse.sfence()")
+    body = [f"define void @{self.name}({', '.join(params)}) #0 {{", "entry:", *self.allocas, *self.lines, *fence, "  ret void", "}"]
     return "\n".join(sorted(self.decls) + [f"@{self.name}_parallel = constant i32 {int(self.split is not None)}", "", *body, "", *entry, "",
                                            'attributes #0 = { nounwind "no-trapping-math"="true" }', *self.meta])
 

@@ -26,6 +26,7 @@ from tiny.backend import BinaryOps, CStyleLanguage, DType, Kernel, PtrDType, Ren
 from tiny_clang.heuristics import cpu_hand_coded_optimizations
 from tiny_clang.conv_padding import pads_conv_input
 from tiny_clang.matmul_panels import panel_width
+from tiny_clang.streaming_stores import stream_min_bytes, streaming_stores
 from tiny_clang.tile_loops import UNROLL_TILE, tile_loops
 from tiny_clang.vmath import exp2_source, log2_source
 
@@ -179,9 +180,13 @@ class ClangRenderer(CStyleLanguage):
 
   def __init__(self) -> None:
     self._bitcast_srcs: List[DType] = []
+    # per STORE uop of the kernel being rendered, in order: a non-temporal store (tiny_clang.streaming_stores). Render
+    # state must not be a plain attribute: those are the renderer's cache key
+    self._streaming: List[bool] = []
     self.simd_bytes = host_simd_bytes()
     self._x86 = platform.machine().lower() in ("x86_64", "amd64")
     self.simd_registers = host_simd_registers(self.simd_bytes)
+    self.stream_min_bytes = stream_min_bytes(self.simd_bytes, _cpu_flags())
 
   def hand_coded_optimizations(self, k: Kernel) -> bool:
     """The host CPU's tiling heuristic (tiny_clang.heuristics) instead of core's device-neutral one."""
@@ -263,7 +268,10 @@ class ClangRenderer(CStyleLanguage):
     return f"({{ const {_F16[kind][0]} *_p = {buf_name}+({idx}); ({self.render_dtype(output_dtype)}){{{lanes}}}; }})"
 
   def render_store(self, buf_name: str, buf_dtype: DType, var_name: str, var_dtype: DType, idx: str, local: bool = False) -> str:
+    streaming = self._streaming.pop(0) if self._streaming else False
     kind = _f16kind(buf_dtype)
+    if kind is None and streaming:
+      return self._render_streaming_store(buf_name, var_name, var_dtype, idx)
     if kind is None:
       return super().render_store(buf_name, buf_dtype, var_name, var_dtype, idx, local)
     conv = _F16[kind][2]
@@ -272,6 +280,14 @@ class ClangRenderer(CStyleLanguage):
     lanes = " ".join(f"_p[{i}] = {conv}(_v[{i}]);" for i in range(var_dtype.count))
     return f"{{ {self.render_dtype(var_dtype)} _v = {var_name}; {_F16[kind][0]} *_p = {buf_name}+({idx}); {lanes} }}"
 
+  def _render_streaming_store(self, buf_name: str, var_name: str, var_dtype: DType, idx: str) -> str:
+    # inline asm, not __builtin_nontemporal_store: clang merges an aligned nontemporal store and the plain store of the
+    # other branch into one plain store (the nontemporal hint is dropped); the address test keeps views at odd offsets
+    # on plain stores, since vmovntps faults on an unaligned address
+    t = self.render_dtype(var_dtype)
+    return (f"{{ {t} *_p = ({t}*)({buf_name}+({idx})); {t} _v = {var_name}; "
+            f"if (((__UINTPTR_TYPE__)_p & 63) == 0) __asm__ volatile(\"vmovntps %1, %0\" : \"=m\"(*_p) : \"v\"(_v)); else *_p = _v; }}")
+
   # *** the kernel ***
 
   def render(self, name: str, uops: List[UOp]) -> str:
@@ -279,6 +295,8 @@ class ClangRenderer(CStyleLanguage):
     if any(u.op in (UOps.SPECIAL, UOps.DEFINE_LOCAL, UOps.BARRIER) for u in uops):
       raise RenderError("ClangRenderer has no thread ids or local memory: render kernels for it with has_local=False")
     self._bitcast_srcs = [cast(DType, u.src[0].dtype) for u in uops if u.op is UOps.BITCAST]
+    streams = streaming_stores(uops, self.stream_min_bytes)
+    self._streaming = [u in streams for u in uops if u.op is UOps.STORE]
     self._uops = uops
     return super().render(name, uops)
 
@@ -289,6 +307,9 @@ class ClangRenderer(CStyleLanguage):
     _mark_reductions(kernel, uops)
     if self.simd_bytes >= 64:
       _mark_tile_loops(kernel, uops)
+    if streaming_stores(uops, self.stream_min_bytes):
+      # streaming stores are weakly ordered: drain them before the slice is reported done to the other threads
+      kernel.append("  __builtin_ia32_sfence();")
     is_ptr = [isinstance(dtype, PtrDType) for _, (dtype, _) in bufs]
     args = [self.render_arg(n, dt, mut, p) for (n, (dt, mut)), p in zip(bufs, is_ptr)] + ["int core", "int ncores"]
     head = [] if prefix is None else list(prefix)
