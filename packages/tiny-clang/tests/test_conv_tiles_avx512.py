@@ -103,3 +103,30 @@ def test_relu_conv_gradients_match_torch(device: str) -> None:
   assert x.grad is not None and w.grad is not None
   np.testing.assert_allclose(w.grad.numpy(), tw.grad.numpy(), rtol=1e-4, atol=1e-3)
   np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("size, kernel, want", [
+  (24, 5, [(20, 10), (2, 2), (20, 4), (8, 4)]),   # 20 pixels x 4 rows = 5 full vectors, x 4 channels
+  (8, 3, [(6, 6), (6, 3), (16, 8)]),               # 6 pixels x 3 rows = 16 + 2 lanes, x 8 channels
+  (10, 3, [(8, 8), (8, 2), (16, 16)]),             # 8 pixels x 2 rows = 1 vector, x 16 channels
+])
+def test_short_rows_are_stacked_into_full_vectors(size: int, kernel: int, want: List[Tuple[int, int]]) -> None:
+  """A small unpadded image's short output rows (MNIST's convs) are stacked a few rows high, so one channel's rows
+  fill whole zmm vectors instead of a partial one each; the result equals numpy's. AVX2 keeps its tile."""
+  oc = want[-1][0]
+  xn, wn = _rand(2, 4, size, size, seed=size), _rand(oc, 4, kernel, kernel, seed=size + 1)
+  si = _conv_schedule(xn, wn, 0)
+  kern, ups = _tiled(si, Avx512LikeRenderer())
+  assert ups == want, kern.applied_opts
+  ref = _conv_ref(xn, wn)
+  got = run_kernel_on_python(kern, [next(a for a in (xn, wn) if a.nbytes == si.bufs[i].nbytes) for i in (1, 2)], ref.shape)
+  np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+  _, ups2 = _tiled(si, Avx2LikeRenderer())
+  assert ups2 != ups
+
+
+def test_ten_pixel_rows_are_not_stacked() -> None:
+  """Two 10-pixel rows would leave a 4-lane piece (16 + 4): the row stays alone (8 + 2 lanes) x 8 channels."""
+  xn, wn = _rand(1, 4, 12, 12, seed=21), _rand(16, 4, 3, 3, seed=22)
+  _, ups = _tiled(_conv_schedule(xn, wn, 0), Avx512LikeRenderer())
+  assert ups == [(10, 10), (16, 8)], ups
