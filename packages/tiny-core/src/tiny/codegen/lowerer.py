@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, cast
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Set, Tuple, cast
 
 from tiny.dtype import DType, PtrDType, dtypes
 from tiny.helpers import prod
@@ -385,8 +385,26 @@ class Lowerer:
     return UOp(UOps.EXPAND, tc.dtype_out, tuple(red.gep(e) for e in range(nc)), ((10003, nc),))
 
 
-# a reduce source with fewer ops than this is cheaper to compute again in the store loop than to store and load back
+# a reduce source that costs less than this (in ALU ops, _row_value_cost) is cheaper to compute again in the store loop
+# than to store and load back
 _ROW_KEEP_MIN_OPS = 8
+# what a transcendental costs once decomposed (exp2: a range reduction, a polynomial and the scaling, ~25 vector ops)
+_TRANSCENDENTAL_OPS = 20
+
+
+def _row_value_cost(v: LazyOp) -> int:
+  """The ALU ops computing v at one index: its graph without buffers and without the reduces (they have their own loops)."""
+  seen: Set[LazyOp] = set()
+  todo, cost = [v], 0
+  while todo:
+    if (x := todo.pop()) in seen:
+      continue
+    seen.add(x)
+    if x.op in ReduceOps or x.op in BufferOps:
+      continue
+    cost += _TRANSCENDENTAL_OPS if x.op in (UnaryOps.EXP2, UnaryOps.LOG2, UnaryOps.SIN) else 1
+    todo.extend(x.src)
+  return cost
 
 
 def _injective(view: Any) -> bool:
@@ -407,7 +425,7 @@ def _row_kept_value(ast: LazyOp, row_axes: Tuple[int, ...], first_upcasted: int)
   """(a reduce, its source) of a row kernel whose store computes that source again at its own index (softmax: the sum
   of exp(x - max), then exp(x - max) / sum), when it is worth and safe to keep: the reduce's loop stores each value into
   the output, where the store loop, ordered after that loop by an AFTER, loads it back bit for bit. Only for
-  - a source of 8 or more ops, of the output's dtype;
+  - a source of the output's dtype that costs 8 or more ALU ops (an exp does);
   - a reduce over every row axis, with a loop (with none left, store and load back would have nothing to order them);
   - an output stored through one injective view (each value has its own address, written by the thread of its row);
   - an output no LOAD of the kernel reads (an assign in place): the kept values would overwrite what is read later.
@@ -429,7 +447,7 @@ def _row_kept_value(ast: LazyOp, row_axes: Tuple[int, ...], first_upcasted: int)
   for r in at_store:
     if r.op not in (ReduceOps.SUM, ReduceOps.MAX) or (v := at_store.get(r.src[0])) is None:
       continue
-    if v.dtype == mb.dtype and len(v.lazyops) >= _ROW_KEEP_MIN_OPS and set(row_axes) <= set(r.arg) and \
+    if v.dtype == mb.dtype and _row_value_cost(v) >= _ROW_KEEP_MIN_OPS and set(row_axes) <= set(r.arg) and \
         any(a < first_upcasted for a in r.arg):
       # (the store's graph holds v: the cache entry of that very object gets the load back)
       return r, v
