@@ -139,3 +139,24 @@ def test_verify_linearized_catches_bad_orders() -> None:
     verify_linearized(bad)
   with pytest.raises(AssertionError):
     verify_linearized(bad[::-1])
+
+
+def test_after_opens_a_loop_only_once_the_stores_of_another_loop_ran() -> None:
+  # the second loop reads nothing of the first (a row kernel's store loop whose value folded to a constant), yet it
+  # overwrites what the first stored: only the AFTER in its RANGE's src puts it after the first loop has ended
+  buf = UOp(UOps.DEFINE_GLOBAL, dtypes.float32, (), (0, True))
+  c0, c4 = UOp.const(dtypes.int32, 0), UOp.const(dtypes.int32, 4)
+  r1 = UOp(UOps.RANGE, dtypes.int32, (c0, c4), (1001, True))
+  first = UOp(UOps.STORE, None, (buf, r1, UOp.const(dtypes.float32, 1.0)))
+  r2 = UOp(UOps.RANGE, dtypes.int32, (c0, c4, UOp(UOps.AFTER, None, (first, r1))), (2001, True))
+  second = UOp(UOps.STORE, None, (buf, r2, UOp.const(dtypes.float32, 2.0)))
+  uops = linearize_sink(UOp(UOps.SINK, None, (second,)))
+  verify_linearized(uops)
+  pos = {u: i for i, u in enumerate(uops)}
+  end1 = next(i for i, u in enumerate(uops) if u.op is UOps.ENDRANGE and u.src[0] is r1)
+  assert pos[first] < end1 < pos[r2] < pos[second]
+  # and the PYTHON emulator, which runs the list in order, ends with the second loop's values
+  from tiny.runtime.ops_python import serialize_uops
+  out = memoryview(bytearray(16)).cast("B")
+  PythonProgram("after", serialize_uops(uops).encode())(out)
+  np.testing.assert_array_equal(np.frombuffer(out.tobytes(), np.float32), [2.0] * 4)

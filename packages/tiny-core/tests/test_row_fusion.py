@@ -11,7 +11,7 @@ from tiny.codegen.uops import UOps
 from tiny.dtype import dtypes
 from tiny.engine.schedule import create_schedule
 from tiny.helpers import Context
-from tiny.ops import MetaOps, ReduceOps
+from tiny.ops import BufferOps, LazyOp, MemBuffer, MetaOps, ReduceOps
 from tiny.registry import Device
 
 
@@ -338,15 +338,102 @@ def test_affine_layernorm_and_rmsnorm_are_row_kernels():
   np.testing.assert_allclose(rms(x).numpy(), ref, atol=1e-4, rtol=1e-4)
 
 
-def test_a_store_that_folds_away_its_row_statistic():
-  # found by the program fuzzer: where(False, softmax(x), c) folds to c after lowering, so the store loop no longer reads
-  # the row's sum; nothing the row kernel computes may then land in the output after the store (kernel without opts)
-  from tiny.testing.program_fuzz import realize_with_opts
+def _kept_values_ordered(uops) -> bool:
+  """True when the kernel keeps a reduce's source in its output (an AFTER over the side store's loop) and every other
+  LOAD or STORE of the output comes after that loop has ended."""
+  (after,) = [u for u in uops if u.op is UOps.AFTER]
+  out = next(u for u in uops if u.op is UOps.DEFINE_GLOBAL and u.arg[0] == 0)
+  side = {s for s in after.src if s.op is UOps.STORE}
+  end = max(i for i, u in enumerate(uops) if u.op is UOps.ENDRANGE and u.src[0] in after.src)
+  rest = [i for i, u in enumerate(uops) if u.op in (UOps.LOAD, UOps.STORE) and u.src[0] is out and u not in side]
+  return len(side) > 0 and len(rest) > 0 and end < min(rest)
+
+
+@pytest.mark.parametrize("opts", [[], [Opt(OptOps.UNROLL, 0, 4)], [Opt(OptOps.UNROLL, 0, 16), Opt(OptOps.UPCAST, 0, 2)],
+                                  [Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.UNROLL, 0, 8)]])
+def test_softmax_keeps_exp_in_the_output_instead_of_computing_it_twice(opts):
+  k = _row_kernel().apply_opts(opts)
+  k.linearize()
+  uops = k.uops.uops
+  out = next(u for u in uops if u.op is UOps.DEFINE_GLOBAL and u.arg[0] == 0)
+  # the sum's loop stores exp(x - max) into the output; the store loop loads it back and scales it by 1/sum: the exp's
+  # polynomial (its EXP2 before the CPU rewrite, its int-float bitcast after) is in one loop only
+  assert any(u.op is UOps.LOAD and u.src[0] is out for u in uops)
+  assert _kept_values_ordered(uops)
+  loops_with_exp, open_loops = set(), []
+  for u in uops:
+    if u.op is UOps.RANGE:
+      open_loops.append(u)
+    elif u.op is UOps.ENDRANGE:
+      open_loops.pop()
+    elif u.op is UOps.BITCAST:
+      loops_with_exp.add(open_loops[-1])
+  assert len(loops_with_exp) == 1
+
+
+def _folded_where_program(device):
   a = np.array([0.25, 1.5, -1.0, -0.5, -0.25, 0.75, 0.25], dtype=np.float32)
   c = np.array([0.0, -1.75, 1.0, -1.75, 0.75, 0.5, 0.25], dtype=np.float32)
-  x = Tensor(a)
+  x = Tensor(a, device=device)
   y = x.maximum(x.permute((0,)))
   v = (y * y + 0.5).sqrt()[::1].softmax(0)
-  out = Tensor(np.array([False]).reshape(())).where(v, Tensor(c)).contiguous()
+  return Tensor(np.array([False]).reshape(()), device=device).where(v, Tensor(c, device=device)).contiguous(), c
+
+
+@pytest.mark.parametrize("device", ["CLANG", "LLVM", "PYTHON"])
+def test_a_store_that_folds_away_its_row_statistic(device):
+  # found by the program fuzzer: where(False, softmax(x), c) folds to c after lowering, so the store loop no longer reads
+  # the row's sum; the exp values the sum's loop keeps in the output must still land there before the store loop
+  # (kernel without opts)
+  from tiny.testing.program_fuzz import realize_with_opts
+  out, c = _folded_where_program(device)
+  (si,) = kernels(out)
+  k = Kernel(si.ast, opts=Device[device].renderer)
+  k.linearize()
+  assert _kept_values_ordered(k.uops.uops)
+  out, c = _folded_where_program(device)
   realize_with_opts([out], [[]])
   np.testing.assert_array_equal(out.numpy(), c)
+
+
+def test_no_kept_values_in_an_output_the_kernel_reads():
+  # an in-place softmax (the output is also an input): the sum's loop must not overwrite x, which the store loop reads
+  from tiny.codegen.lowerer import _row_kept_value, row_store_axes
+  x = Tensor(rnd(4, 32, seed=27)).realize()
+  (si,) = kernels(x.softmax(-1))
+  ast = si.ast
+  assert _row_kept_value(ast, row_store_axes(ast), 2) is not None
+  load = next(op for op in ast.lazyops if op.op is BufferOps.LOAD)
+  in_place = _replace_lazyop(ast, load, LazyOp(BufferOps.LOAD, (), MemBuffer(0, load.arg.dtype, load.arg.st)))
+  assert _row_kept_value(in_place, row_store_axes(in_place), 2) is None
+  # (the scheduler makes no row kernel of an assign in place; its values are right either way)
+  a = rnd(4, 32, seed=28)
+  t = Tensor(a).realize()
+  t.assign(t.softmax(-1)).realize()
+  np.testing.assert_allclose(t.numpy(), np_softmax(a), atol=1e-6, rtol=1e-5)
+
+
+def _replace_lazyop(x, old, new):
+  return new if x is old else LazyOp(x.op, tuple(_replace_lazyop(s, old, new) for s in x.src), x.arg)
+
+
+@pytest.mark.parametrize("view, kept", [((3, 1), True), ((1, 2), True), ("flip", True), ("broadcast", False), ("mask", False)])
+def test_kept_values_need_an_address_of_their_own(view, kept):
+  from tiny.codegen.lowerer import _injective
+  from tiny.shape.view import View
+  if view == "flip":
+    v = View.create((2, 3), (3, -1), 2)
+  elif view == "broadcast":
+    v = View.create((2, 3), (1, 0))
+  elif view == "mask":
+    v = View.create((2, 3), (3, 1), 0, ((0, 2), (0, 2)))
+  else:
+    v = View.create((2, 3), view)
+  assert _injective(v) is kept
+
+
+def test_overlapping_strides_are_not_injective():
+  from tiny.codegen.lowerer import _injective
+  from tiny.shape.view import View
+  assert not _injective(View.create((3, 3), (2, 1)))
+  assert _injective(View.create((3, 3), (1, 3)))

@@ -509,7 +509,7 @@ class _Builder:
     var_args: Dict[str, str] = {}
     for u in self.uops:
       op, dt = u.op, u.dtype
-      if op in (UOps.SINK, UOps.NOOP):
+      if op in (UOps.SINK, UOps.NOOP, UOps.AFTER):
         continue
       if op is UOps.DEFINE_GLOBAL:
         assert dt is not None

@@ -40,7 +40,7 @@ def stream_min_bytes(simd_bytes: int, cpu_flags: FrozenSet[str]) -> int:
 
 
 def _trip_count(rng: UOp) -> Optional[int]:
-  lo, hi = rng.src
+  lo, hi = rng.src[0], rng.src[1]   # a store loop of a row kernel has a third source (its AFTER)
   if lo.op is not UOps.CONST or hi.op is not UOps.CONST:
     return None
   return max(0, int(hi.arg) - int(lo.arg))

@@ -34,7 +34,7 @@ def tile_loops(uops: Sequence[UOp]) -> Set[UOp]:
     elif u.op is UOps.ENDRANGE and open_ranges:
       open_ranges.pop()
   for r in inner:
-    lo, hi = r.src
+    lo, hi = r.src[0], r.src[1]
     if not r.arg[1] or lo.op is not UOps.CONST or hi.op is not UOps.CONST or (hi.arg - lo.arg) % UNROLL_TILE != 0 or hi.arg <= lo.arg:
       continue
     accs = sum(1 for u in uops if u.op is UOps.DEFINE_ACC and r in u.src and u.dtype is not None and u.dtype.count > 1)

@@ -425,7 +425,7 @@ class _PTXWriter:
       op, src, arg = u.op, u.src, u.arg
       dt: Any = u.dtype  # None only for the statement uops, which do not read it
       sdt: Any
-      if op in (UOps.SINK, UOps.NOOP) and dt is None:
+      if op in (UOps.SINK, UOps.NOOP, UOps.AFTER) and dt is None:
         continue
       if op is UOps.DEFINE_GLOBAL:
         params[arg[0]] = f"data{arg[0]}"

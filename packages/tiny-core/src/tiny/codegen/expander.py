@@ -96,9 +96,9 @@ def _vectorize_of_geps(root: UOp) -> Optional[UOp]:
 
 expander = PatternMatcher([
   # both functions only act on a uop with an EXPAND source: the matcher does not offer them the others
-  (UPat({UOps.ALU, UOps.CAST, UOps.BITCAST, UOps.GEP, UOps.WMMA, UOps.LOAD, UOps.STORE, UOps.VECTORIZE, UOps.REDUCE, UOps.BARRIER},
-        name="root", src=None, any_src_op=UOps.EXPAND),
-   lambda root: do_expand(root) if root.op is not UOps.BARRIER else _flatten_expand_src(root)),
+  (UPat({UOps.ALU, UOps.CAST, UOps.BITCAST, UOps.GEP, UOps.WMMA, UOps.LOAD, UOps.STORE, UOps.VECTORIZE, UOps.REDUCE, UOps.BARRIER,
+         UOps.AFTER}, name="root", src=None, any_src_op=UOps.EXPAND),
+   lambda root: do_expand(root) if root.op not in (UOps.BARRIER, UOps.AFTER) else _flatten_expand_src(root)),
   (UPat(UOps.CONTRACT, name="con"), do_contract),
   (UPat(UOps.EXPAND, name="ex"), lambda ex: ex.src[0] if ex.arg == () else _merge_nested_expand(ex)),
   (UPat(UOps.SINK, name="root"), _flatten_expand_src),

@@ -94,6 +94,10 @@ def linearize_sink(sink: UOp) -> List[UOp]:
       elif u.op is UOps.PHI:
         p = srcs_export | gset | acc_ranges[u.src[0]]
         e = p - acc_ranges[u.src[0]]
+      elif u.op is UOps.AFTER:
+        # inside the loops of its stores; its users are placed outside the loops it names, so (see emit) after them
+        p = srcs_export | gset
+        e = p - frozenset(s for s in u.src if s.op is UOps.RANGE and s.arg[1])
       else:
         p = e = srcs_export | gset
       place[u], export[u] = p, e
@@ -241,7 +245,7 @@ def verify_linearized(uops: Sequence[UOp]) -> None:
       if s.op in (UOps.RANGE, UOps.IF) and u.op in (UOps.ENDRANGE, UOps.ENDIF):
         continue
       sc = scope_of[s]
-      if s.op is not UOps.PHI:
+      if s.op not in (UOps.PHI, UOps.AFTER):
         assert tuple(open_loops[:len(sc)]) == sc, f"{u.op} at {i} uses {s.op} from a closed scope"
     if u.op in (UOps.RANGE, UOps.IF):
       scope_of[u] = tuple(open_loops) + (u,)

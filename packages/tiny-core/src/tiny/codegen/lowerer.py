@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, cast
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Set, Tuple, cast
 
 from tiny.dtype import DType, PtrDType, dtypes
 from tiny.helpers import prod
@@ -112,6 +112,9 @@ class Lowerer:
         raise ValueError("a row kernel's store walks its row in one loop (the linearizer cannot order two free loops)")
     self.first_upcasted = self.shape_len - self.ki.upcasted
     self.first_reduce = next((i for i in range(self.first_upcasted) if self.out_shape[i] != self.full_shape[i]), self.first_upcasted)
+    # (a reduce, its source): the reduce's loop keeps each value of its source in the output for the store loop to load
+    self.row_keep = _row_kept_value(ast, row_axes, self.first_upcasted) if row_axes else None
+    self.side_store: Optional[Tuple[UOp, Tuple[UOp, ...]]] = None   # that loop's STORE, and its RANGEs
     self.local_dims, self.group = self.ki.local_dims, group_for_reduces
     self.global_dims = self.first_reduce - self.local_dims
     self.outbufs = {x.arg.idx for x in ast.src}
@@ -213,12 +216,23 @@ class Lowerer:
     idxs = self.base_idxs()
     return UOp(UOps.SINK, None, tuple(self.to_uop(s, idxs) for s in self.ast.src), self.ki)
 
-  def _row_idxs(self, idxs: List[UOp]) -> List[UOp]:
-    """idxs with a fresh loop (or, for an unrolled part, the lanes) on each row axis: the store loop of a row kernel."""
+  def _row_idxs(self, idxs: List[UOp], after: Optional[UOp] = None) -> List[UOp]:
+    """idxs with a fresh loop (or, for an unrolled part, the lanes) on each row axis: the store loop of a row kernel,
+    opened only once `after` is done when given."""
     new_idxs = list(idxs)
     for a in self.row_axes:
-      new_idxs[a] = self._upcast_expand(a) if a >= self.first_upcasted else self._fresh_range(a)
+      new_idxs[a] = self._upcast_expand(a) if a >= self.first_upcasted else self._fresh_range(a, after)
     return new_idxs
+
+  def _keep_row_values(self, idxs: List[UOp]) -> UOp:
+    """Lower the reduce of row_keep (its loop stores each value of its source into the output, see reduce) and return
+    the AFTER that is done once that loop has ended."""
+    assert self.row_keep is not None
+    # the reduce covers every row axis, so this is the cache entry the store's value finds too (reduce keys skip its axes)
+    self.to_uop(self.row_keep[0], idxs)
+    assert self.side_store is not None, "the kept reduce has a loop, which stores its values"
+    store, ranges = self.side_store
+    return UOp(UOps.AFTER, None, (store, *ranges))
 
   def to_uop(self, x: LazyOp, idxs: List[UOp]) -> UOp:
     if x.op in ReduceOps and not self.group and self.tc is None:
@@ -254,7 +268,13 @@ class Lowerer:
     if x.op is BufferOps.STORE:
       mb = x.arg
       if self.row_axes:
-        idxs = self._row_idxs(idxs)
+        after = self._keep_row_values(idxs) if self.row_keep is not None else None
+        idxs = self._row_idxs(idxs, after)
+        if self.row_keep is not None:
+          # the value the reduce's loop stored at this index is loaded back instead of computed again; this LOAD and the
+          # store below are in the store loop, which opens after that loop (after), whatever the rewrites fold away
+          kidx, _ = self.render_st(mb.st, idxs)
+          self.cache[(id(self.row_keep[1]), tuple(id(i) for i in idxs))] = UOp(UOps.LOAD, mb.dtype, (self.global_buf(mb), kidx))
       idx, valid = self.render_st(mb.st, idxs)
       sval = self.to_uop(x.src[0], idxs)
       # after a grouped reduce every thread of the group holds the result: only the first one writes
@@ -273,9 +293,9 @@ class Lowerer:
       return srcs[0].alu(x.op, *srcs[1:])
     raise ValueError(f"cannot lower {x.op}")
 
-  def _fresh_range(self, a: int) -> UOp:
+  def _fresh_range(self, a: int, after: Optional[UOp] = None) -> UOp:
     rid = 1000 * (1 + next(self.range_ids)) + a
-    return UOp(UOps.RANGE, IDX, (UOp.const(IDX, 0), sym_to_uop(self.full_shape[a])), (rid, True))
+    return UOp(UOps.RANGE, IDX, (UOp.const(IDX, 0), sym_to_uop(self.full_shape[a])) + ((after,) if after is not None else ()), (rid, True))
 
   def reduce(self, x: LazyOp, idxs: List[UOp]) -> UOp:
     if x.op is ReduceOps.WMMA:
@@ -295,6 +315,11 @@ class Lowerer:
         new_idxs[a] = r = self._fresh_range(a)
         ranges.append(r)
     val = self.to_uop(x.src[0], new_idxs)
+    if self.row_keep is not None and x is self.row_keep[0]:
+      # the store loop needs this source again at the same indices: keep each value in the output (see _row_kept_value)
+      mb: MemBuffer = self.ast.src[0].arg
+      kidx, _ = self.render_st(mb.st, new_idxs)
+      self.side_store = (UOp(UOps.STORE, None, (self.global_buf(mb), kidx, val)), tuple(ranges))
     contract = tuple((a, self.full_shape[a]) for a in axes if a >= self.first_upcasted)
     if contract:
       n = prod([s for _, s in contract])
@@ -358,6 +383,75 @@ class Lowerer:
     w = UOp(UOps.WMMA, out_dt, (av, bv, UOp.const(out_dt, 0)), arg)
     red = UOp(UOps.REDUCE, out_dt, (w, *ranges), BinaryOps.ADD) if ranges else w
     return UOp(UOps.EXPAND, tc.dtype_out, tuple(red.gep(e) for e in range(nc)), ((10003, nc),))
+
+
+# a reduce source that costs less than this (in ALU ops, _row_value_cost) is cheaper to compute again in the store loop
+# than to store and load back
+_ROW_KEEP_MIN_OPS = 8
+# what a transcendental costs once decomposed (exp2: a range reduction, a polynomial and the scaling, ~25 vector ops)
+_TRANSCENDENTAL_OPS = 20
+
+
+def _row_value_cost(v: LazyOp) -> int:
+  """The ALU ops computing v at one index: its graph without buffers and without the reduces (they have their own loops)."""
+  seen: Set[LazyOp] = set()
+  todo, cost = [v], 0
+  while todo:
+    if (x := todo.pop()) in seen:
+      continue
+    seen.add(x)
+    if x.op in ReduceOps or x.op in BufferOps:
+      continue
+    cost += _TRANSCENDENTAL_OPS if x.op in (UnaryOps.EXP2, UnaryOps.LOG2, UnaryOps.SIN) else 1
+    todo.extend(x.src)
+  return cost
+
+
+def _injective(view: Any) -> bool:
+  """Every index of the view has an address of its own: no mask, and each stride (sorted by size) steps over all that
+  the smaller ones reach."""
+  if view.mask is not None:
+    return False
+  dims = sorted((abs(st), sh) for sh, st in zip(view.shape, view.strides) if sh != 1)
+  reach = 0
+  for st, sh in dims:
+    if not isinstance(st, int) or not isinstance(sh, int) or st <= reach:
+      return False
+    reach += st * (sh - 1)
+  return True
+
+
+def _row_kept_value(ast: LazyOp, row_axes: Tuple[int, ...], first_upcasted: int) -> Optional[Tuple[LazyOp, LazyOp]]:
+  """(a reduce, its source) of a row kernel whose store computes that source again at its own index (softmax: the sum
+  of exp(x - max), then exp(x - max) / sum), when it is worth and safe to keep: the reduce's loop stores each value into
+  the output, where the store loop, ordered after that loop by an AFTER, loads it back bit for bit. Only for
+  - a source of the output's dtype that costs 8 or more ALU ops (an exp does);
+  - a reduce over every row axis, with a loop (with none left, store and load back would have nothing to order them);
+  - an output stored through one injective view (each value has its own address, written by the thread of its row);
+  - an output no LOAD of the kernel reads (an assign in place): the kept values would overwrite what is read later.
+  None otherwise."""
+  store = ast.src[0]
+  mb: MemBuffer = store.arg
+  if len(mb.st.views) != 1 or not _injective(mb.st.views[-1]):
+    return None
+  if any(x.op is BufferOps.LOAD and x.arg.idx == mb.idx for x in ast.lazyops):
+    return None
+  # the ops the store computes at its own index: its value's graph, not entering reduces (they have their own loops)
+  at_store: Dict[LazyOp, LazyOp] = {}   # ordered: the choice below must not depend on hashing
+  todo = [store.src[0]]
+  while todo:
+    if (x := todo.pop()) not in at_store:
+      at_store[x] = x
+      if x.op not in ReduceOps:
+        todo.extend(x.src)
+  for r in at_store:
+    if r.op not in (ReduceOps.SUM, ReduceOps.MAX) or (v := at_store.get(r.src[0])) is None:
+      continue
+    if v.dtype == mb.dtype and _row_value_cost(v) >= _ROW_KEEP_MIN_OPS and set(row_axes) <= set(r.arg) and \
+        any(a < first_upcasted for a in r.arg):
+      # (the store's graph holds v: the cache entry of that very object gets the load back)
+      return r, v
+  return None
 
 
 def row_store_axes(ast: LazyOp) -> Tuple[int, ...]:

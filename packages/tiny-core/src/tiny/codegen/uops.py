@@ -12,11 +12,12 @@ meaning of each op in the linearized list:
 | DEFINE_ACC | dtype of the accumulator (may be a vector) | (init CONST, *RANGE uops it accumulates over) | (acc index: int,) |
 | CONST | scalar dtype | () | the Python value (bool/int/float) |
 | SPECIAL | int32 | () | (dim: int, name: str, size: int); name "gidx{d}" global, "lidx{d}" local, "idx{d}" global*local |
-| RANGE | int32 | (start, end) | (axis: int, is_reduce: bool) — opens `for (i = start; i < end; i++)` |
+| RANGE | int32 | (start, end, [AFTER]) | (axis: int, is_reduce: bool) — opens `for (i = start; i < end; i++)` (after the AFTER) |
 | ENDRANGE | None | (RANGE,) | None — closes the loop |
 | IF | None | (cond, [BARRIER]) | None — opens `if (cond) {` |
 | ENDIF | None | (IF,) | None |
 | BARRIER | None | (STOREs to local memory,) | None — `__syncthreads()` |
+| AFTER | None | (STOREs, *RANGE uops) | None — renders nothing: done once the STOREs ran in every iteration of those loops |
 | LOAD | elem or vector dtype | (buf, idx) or (buf, idx, gate, alt) [+ (BARRIER,)] | None; vector dtype = contiguous vector load |
 | STORE | None | (buf, idx, value) or (buf, idx, value, gate) | None |
 | ALU | result dtype (bool for CMPLT/CMPNE) | operands | a UnaryOps/BinaryOps/TernaryOps member |
@@ -36,7 +37,9 @@ Ordering rules of the linearized list (codegen helper):
   its src (it is `acc = init` right before the loops it accumulates over open; the RANGEs in its src
   only say which loops those are). Render DEFINE_ACC from src[0] alone.
 - A RANGE is closed by exactly one ENDRANGE; loops nest properly; a value defined inside a loop is
-  only used inside that loop, except a PHI, whose value after the loop is the accumulator's final value.
+  only used inside that loop, except a PHI, whose value after the loop is the accumulator's final value, and an AFTER,
+  which sits in the loops of its STOREs and is done, for its users, after the loops in its src have ended (a RANGE that
+  takes it opens only then: the only order between a STORE and a LOAD of the same memory in another loop).
 - A PHI sits inside all the loops of its DEFINE_ACC; its users outside those loops read the accumulator.
 - Global/local dims are SPECIALs when the renderer has_local, else non-reduce RANGEs (axis < 1000,
   arg[1] False) that enclose the whole kernel body; reduce loops have arg[1] True.
@@ -74,6 +77,7 @@ class UOps(Enum):
   LOAD = auto(); STORE = auto(); PHI = auto()  # noqa: E702
   BARRIER = auto(); IF = auto(); RANGE = auto()  # noqa: E702
   ENDRANGE = auto(); ENDIF = auto()  # noqa: E702
+  AFTER = auto()
 
   # members are singletons compared by identity: hash them by identity too (in C) instead of Enum's Python-level hash of the
   # name, which the pattern matcher's dict lookups used to call about a million times per compiled model
@@ -592,7 +596,7 @@ def _is_subset(rules: Tuple[Rule, ...], of: Tuple[Rule, ...]) -> bool:
 
 def graph_substitute(sink: UOp, replace: Dict[UOp, UOp]) -> UOp:
   """sink with every uop in `replace` swapped for its replacement (itself substituted in turn), by identity: no
-  structural merging and no rules, unlike graph_rewrite. NOOP sources of the SINK are dropped."""
+  structural merging and no rules, unlike graph_rewrite. NOOP sources of the SINK or an AFTER are dropped."""
   done: Dict[UOp, UOp] = {}
 
   def sub(u: UOp) -> UOp:
@@ -603,7 +607,7 @@ def graph_substitute(sink: UOp, replace: Dict[UOp, UOp]) -> UOp:
     else:
       # list comprehensions and tuple == (UOps compare by identity): this visits every uop of the kernel
       new_src = tuple([sub(x) for x in u.src])
-      if u.op is UOps.SINK:
+      if u.op in (UOps.SINK, UOps.AFTER):
         new_src = tuple([x for x in new_src if x.op is not UOps.NOOP])
       ret = u if new_src == u.src else UOp(u.op, u.dtype, new_src, u.arg)
     done[u] = ret

@@ -240,7 +240,7 @@ class CStyleLanguage(Renderer):
     for u in uops:
       op, src, arg = u.op, u.src, u.arg
       dtype: Any = u.dtype  # None only for the statement uops, which never read it
-      if op in (UOps.SINK, UOps.NOOP) and dtype is None:
+      if op in (UOps.SINK, UOps.NOOP, UOps.AFTER) and dtype is None:
         continue
       if op is UOps.IF:
         emit(f"if ({strip_parens(r[src[0]])}) {{")

@@ -494,6 +494,8 @@ class PythonProgram:
         vals[pc] = emulate_wmma(arg, inp[0], inp[1], inp[2], lanes, per_wg)
       elif op in (UOps.SINK, UOps.NOOP):
         vals[pc] = inp[0] if inp else None
+      elif op is UOps.AFTER:
+        vals[pc] = None   # only orders: the stores it follows ran before it, in this interpreter's list order
       else:
         raise PythonKernelError(f"PYTHON cannot run {op}")
       pc += 1
