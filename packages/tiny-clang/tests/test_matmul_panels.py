@@ -52,13 +52,17 @@ def _packed_kernel(m: int, kk: int, n: int, width: int, renderer: object) -> Tup
 
 def test_block_rows() -> None:
   """AVX2: 2 MB of a's rows per block, at least 256 rows, but 4 blocks per thread and never under 512 KB; 32 registers
-  (AVX-512): 512 KB, as before."""
+  (AVX-512): the same with up to 4 MB."""
   assert block_rows(16, 4, 2048 * 4, 2048, 2) == 256      # 2048², 2 threads: 2 MB
   assert block_rows(16, 4, 1024 * 4, 1024, 2) == 128      # 1024², 2 threads: 8 blocks of 512 KB
   assert block_rows(16, 4, 1024 * 4, 4096, 2) == 512      # 4096 x 1024: 2 MB
   assert block_rows(16, 4, 4096 * 4, 8192, 2) == 256      # k = 4096: the 256-row floor (4 MB)
   assert block_rows(16, 4, 2048 * 4, 2048, 16) == 64      # 16 threads: 512 KB, as before
-  assert block_rows(32, 8, 2048 * 4, 2048, 2) == 64
+  assert block_rows(32, 8, 2048 * 4, 2048, 2) == 256      # AVX-512, 2048², 2 threads: 4 blocks per thread (2 MB each)
+  assert block_rows(32, 8, 2048 * 4, 2048, 1) == 512      # one thread: 4 MB
+  assert block_rows(32, 8, 1024 * 4, 1024, 2) == 128      # 1024², 2 threads: 8 blocks of 512 KB, as before
+  assert block_rows(32, 8, 1024 * 4, 1024, 1) == 256      # the 256-row floor
+  assert block_rows(32, 8, 2048 * 4, 2048, 16) == 64      # 16 threads: 512 KB
   assert block_rows(32, 8, 1 << 20, 64, 2) == 8           # at least one register tile
 
 
@@ -102,8 +106,9 @@ def test_panel_kernel_exact_on_python(m: int, kk: int, n: int, width: int, monke
   """The tiled packed kernel (blocked, or panels outermost, odd row counts) computes numpy's product."""
   # a block of a's rows this small makes the small products (which PYTHON runs quickly) blocked too
   monkeypatch.setattr("tiny_clang.matmul_panels.BLOCK_BYTES", 8 * kk * 4)
-  monkeypatch.setattr("tiny_clang.matmul_panels.AVX2_BLOCK_BYTES", 8 * kk * 4)
-  monkeypatch.setattr("tiny_clang.matmul_panels.AVX2_MIN_BLOCK_ROWS", 1)
+  for name in ("AVX2", "AVX512"):
+    monkeypatch.setattr(f"tiny_clang.matmul_panels.{name}_BLOCK_BYTES", 8 * kk * 4)
+    monkeypatch.setattr(f"tiny_clang.matmul_panels.{name}_MIN_BLOCK_ROWS", 1)
   renderer = Avx2LikeRenderer() if width == 16 else Avx512LikeRenderer()
   k, inputs, ref = _packed_kernel(m, kk, n, width, renderer)
   blocked = m % 8 == 0 and m > 8 and width == 16
@@ -198,9 +203,10 @@ def test_packed_matmul_fuzz(device: str, seed: int, monkeypatch: pytest.MonkeyPa
   that blocked, panel-outermost and single-tile kernels all occur: each equals numpy's."""
   rng = np.random.default_rng(seed)
   block = int(rng.choice([4, 12, 64, 256]))
-  for name in ("BLOCK_BYTES", "AVX2_BLOCK_BYTES"):
+  for name in ("BLOCK_BYTES", "AVX2_BLOCK_BYTES", "AVX512_BLOCK_BYTES"):
     monkeypatch.setattr(f"tiny_clang.matmul_panels.{name}", block * 4 * 64)
   monkeypatch.setattr("tiny_clang.matmul_panels.AVX2_MIN_BLOCK_ROWS", block)
+  monkeypatch.setattr("tiny_clang.matmul_panels.AVX512_MIN_BLOCK_ROWS", block)
   for _ in range(3):
     m, kk, n = int(rng.integers(16, 300)), int(rng.integers(64, 400)), 32 * int(rng.integers(1, 9))
     batch = (int(rng.integers(1, 4)),) if rng.random() < 0.3 else ()
