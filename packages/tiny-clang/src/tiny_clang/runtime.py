@@ -81,18 +81,19 @@ class CPUProgram:
   # the kernel function itself (not its entry): `NAME(ptr, ..., core, ncores)`, and a ctypes prototype over it by the
   # number of buffers, made on the first direct call
   fn_addr = 0
-  _direct_fns: Optional[Dict[int, Any]] = None
+  _direct_fn: Any = None
 
   def direct(self, *bufs: Any) -> bool:
     """Run a kernel without Variables on one core, calling the kernel function with the buffers themselves: no argument
     array, no pool. False, having done nothing, where that is not how the next call would run (the core count is not
     settled yet, or it would use several cores) or the kernel function is unknown."""
-    if self.auto_threads is None or (self.parallel and self.threads() > 1) or not self.fn_addr:
+    if (auto := self.auto_threads) is None or not self.fn_addr:
       return False
-    if (fns := self._direct_fns) is None:
-      fns = self._direct_fns = {}
-    if (fn := fns.get(len(bufs))) is None:
-      fn = fns[len(bufs)] = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * len(bufs)), ctypes.c_int, ctypes.c_int)(self.fn_addr)
+    if self.parallel and ((t := THREADS.value) > 1 or (t <= 0 and auto > 1)):   # what threads() would say, inline
+      return False
+    if (fn := self._direct_fn) is None:
+      # a kernel always takes the same buffers: one prototype per program
+      fn = self._direct_fn = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * len(bufs)), ctypes.c_int, ctypes.c_int)(self.fn_addr)
     fn(*bufs, 0, 1)
     return True
 

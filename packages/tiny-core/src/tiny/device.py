@@ -150,12 +150,16 @@ class Buffer:
     if opaque is not None:
       self._buf = opaque
     else:
-      self._buf = self.allocator.alloc(self.nbytes, self.options)
+      self._buf = self.allocator.alloc(nbytes := self.size * self.dtype.itemsize, self.options)
       if not self.device.startswith("DISK"):
-        GlobalCounters.mem_used += self.nbytes
-        GlobalCounters.mem_peak = max(GlobalCounters.mem_peak, GlobalCounters.mem_used)
+        GlobalCounters.mem_used = used = GlobalCounters.mem_used + nbytes
+        if used > GlobalCounters.mem_peak:
+          GlobalCounters.mem_peak = used
       self._owned = True
     return self
+
+  # True once allocate() got memory from the allocator, which __del__ gives back (adopted and view memory is not)
+  _owned = False
 
   def __reduce__(self) -> Tuple[Any, ...]:
     # pickling carries the contents (when allocated) so a buffer can cross process boundaries
@@ -174,12 +178,13 @@ class Buffer:
     return self.size * self.dtype.itemsize
 
   def __del__(self) -> None:
-    if not hasattr(self, "_buf") or not getattr(self, "_owned", False):
+    if not self._owned:
       return
     try:
+      nbytes = self.size * self.dtype.itemsize
       if not self.device.startswith("DISK"):
-        GlobalCounters.mem_used -= self.nbytes
-      self.allocator.free(self._buf, self.nbytes, self.options)
+        GlobalCounters.mem_used -= nbytes
+      self.allocator.free(self._buf, nbytes, self.options)
     except Exception:  # interpreter shutdown: the module globals may already be gone
       pass
 

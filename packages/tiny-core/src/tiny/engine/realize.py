@@ -548,7 +548,7 @@ def realize_eager(lb: LazyBuffer) -> bool:
   out = lb._base if lb._base is not None else lb
   # an id seen before (and still current: see eager_key.known) whose plan still fits the device and the settings
   if (ek := out._ekey) is not None and ek[0] == _key_state.epoch and (plan := _plans.get(ek[1])) is not None and \
-      plan.dname == out.device and plan.renderer is _device(plan.dname).renderer and plan.gen == plugins.generation() and \
+      plan.dname == out.device and plan.renderer is Device[plan.dname].renderer and plan.gen == plugins.generation() and \
       plan.beam == BEAM.value and plan.noopt == NOOPT.value and hasattr(out, "srcs"):
     return plan.run(out, ek[2])
   if (hit := eager_kernel(out)) is None:
