@@ -2,6 +2,9 @@
 argument sources, settings it was chosen under), and a CPU kernel through its direct call (the kernel function on the
 buffers, one core). Each test compares against the full path (realize_eager off) bit for bit, or checks that a plan
 made under other settings, devices or core counts is not used.
+
+Each test has a shape of its own: a structure that another test ran with other constants runs through the kernel that
+reads its constants from buffers (eager_params), which has no plan.
 """
 from __future__ import annotations
 
@@ -56,7 +59,7 @@ def test_plan_matches_the_full_path_bit_for_bit(device: str, monkeypatch: pytest
 
 
 def test_plan_counts_kernels_and_ops(device: str) -> None:
-  x = Tensor(np.arange(16, dtype=np.float32), device=device).realize()
+  x = Tensor(np.arange(21, dtype=np.float32), device=device).realize()
   _loop(x, 3, lambda y: y * 2.0 + 1.0)
   GlobalCounters.reset()
   _loop(x, 5, lambda y: y * 2.0 + 1.0)
@@ -68,7 +71,7 @@ def test_plan_counts_kernels_and_ops(device: str) -> None:
 
 def test_cpu_kernels_run_through_the_direct_call(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
   from tiny_clang.settings import THREADS
-  x = Tensor(np.ones(16, dtype=np.float32), device=device).realize()
+  x = Tensor(np.ones(27, dtype=np.float32), device=device).realize()
   _loop(x, 3, lambda y: y * 3.0)
   plan = _plan_of(x * 3.0)
   assert plan.direct is not None
@@ -78,12 +81,12 @@ def test_cpu_kernels_run_through_the_direct_call(device: str, monkeypatch: pytes
   with THREADS.override(1):
     out = _loop(x, 4, lambda y: y * 3.0)
   assert not calls, "the runner (argument array, pool) was used instead of the direct call"
-  np.testing.assert_array_equal(out, np.full(16, 81.0, np.float32))
+  np.testing.assert_array_equal(out, np.full(27, 81.0, np.float32))
 
 
 def test_several_threads_go_through_the_pool(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
   from tiny_clang.settings import THREADS
-  a = np.random.default_rng(1).standard_normal(4096).astype(np.float32)
+  a = np.random.default_rng(1).standard_normal(4099).astype(np.float32)
   x = Tensor(a, device=device).realize()
   ref = _loop(x, 3, lambda y: y * 0.5 + 0.25)
   plan = _plan_of(x * 0.5 + 0.25)
@@ -104,7 +107,7 @@ def test_several_threads_go_through_the_pool(device: str, monkeypatch: pytest.Mo
 def test_settings_and_devices_do_not_share_a_plan(monkeypatch: pytest.MonkeyPatch) -> None:
   if len(CPU) < 2:
     pytest.skip("needs CLANG and LLVM")
-  a = np.random.default_rng(2).standard_normal(24).astype(np.float32)
+  a = np.random.default_rng(2).standard_normal(29).astype(np.float32)
   xs = {d: Tensor(a, device=d).realize() for d in CPU}
   seen = set()
   for d in CPU + CPU:   # one id (the structure is the same), two devices in turn
@@ -123,7 +126,7 @@ def test_settings_and_devices_do_not_share_a_plan(monkeypatch: pytest.MonkeyPatc
 
 def test_a_stale_id_takes_the_full_path(device: str) -> None:
   # an intermediate that gets realized changes the graph its reader's id described: the plan must not be used
-  a = np.arange(8, dtype=np.float32)
+  a = np.arange(13, dtype=np.float32)
   x = Tensor(a, device=device).realize()
   _loop(x, 2, lambda y: y * 2.0 + 1.0)
   mid = x * 2.0

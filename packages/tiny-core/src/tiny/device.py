@@ -112,7 +112,7 @@ class Buffer:
 
   def ref(self, cnt: int) -> None:
     """Add cnt to the LazyBuffer refcount of the base."""
-    self.base._lb_refcount += cnt
+    (self._base if self._base is not None else self)._lb_refcount += cnt
 
   def is_allocated(self) -> bool:
     return hasattr(self, "_buf")
@@ -133,9 +133,9 @@ class Buffer:
 
   def allocate(self, opaque: Any = None, external_ptr: Optional[int] = None) -> Buffer:
     """Get device memory for this buffer (or adopt `opaque`/`external_ptr`). Allocating twice is an error."""
-    if self.is_allocated():
+    if hasattr(self, "_buf"):
       raise RuntimeError(f"{self!r} is already allocated")
-    self.allocator = _device(self.device).allocator
+    self.allocator = (_Registry if _Registry is not None else _registry())[self.device].allocator
     if external_ptr is not None:
       # memory owned by someone else (a mapped file, a foreign tensor): adopt it, never free it
       self._buf = self.allocator.from_external(external_ptr, self.nbytes, self.options) if hasattr(self.allocator, "from_external") \

@@ -321,7 +321,7 @@ class Tensor:
 
   def realize(self, *lst: Tensor, do_update_stats: bool = True) -> Tensor:
     """Compute these tensors now (run their kernels). Returns self."""
-    eng = _engine_realize()
+    eng = _engine if _engine is not None else _engine_realize()
     with eng.realize_lock:
       # one eager op seen before runs its cached kernel directly (see realize_eager); the rest is scheduled
       if not lst and do_update_stats and self.lazydata.__class__ is LazyBuffer and eng.realize_eager(self.lazydata):
@@ -2851,6 +2851,7 @@ def _scalar_operand(x: Tensor, y: Any) -> Optional[Tensor]:
 
 # the float dtypes of a tensor (never a vector type), for one set lookup instead of dtypes.is_float
 _SCALAR_FLOATS = frozenset((dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64))
+_F32 = dtypes.float32
 
 
 def _wrap_int(v: int, dtype: DType) -> int:
@@ -2980,7 +2981,7 @@ def _with_scalar_fast_path(slow: Callable[[Tensor, Any], Tensor], op: BinaryOps,
     cls = x.__class__
     if (cls is float or cls is int) and self.requires_grad is not True and (lb := self.lazydata).__class__ is LazyBuffer:
       dt = lb.dtype
-      if dt in _SCALAR_FLOATS:
+      if dt is _F32 or dt in _SCALAR_FLOATS:   # (float32 by identity: a set lookup hashes the dtype in Python)
         val: ConstType = float(x)
       elif cls is int and dtypes.is_int(dt):
         val = _wrap_int(x, dt)
