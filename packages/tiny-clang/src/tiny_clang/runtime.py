@@ -78,6 +78,25 @@ class CPUProgram:
     self.pool.run1(self.entry, args, self.parallel, self.threads())
     return None
 
+  # the kernel function itself (not its entry): `NAME(ptr, ..., core, ncores)`, and a ctypes prototype over it by the
+  # number of buffers, made on the first direct call
+  fn_addr = 0
+  _direct_fn: Any = None
+
+  def direct(self, *bufs: Any) -> bool:
+    """Run a kernel without Variables on one core, calling the kernel function with the buffers themselves: no argument
+    array, no pool. False, having done nothing, where that is not how the next call would run (the core count is not
+    settled yet, or it would use several cores) or the kernel function is unknown."""
+    if (auto := self.auto_threads) is None or not self.fn_addr:
+      return False
+    if self.parallel and ((t := THREADS.value) > 1 or (t <= 0 and auto > 1)):   # what threads() would say, inline
+      return False
+    if (fn := self._direct_fn) is None:
+      # a kernel always takes the same buffers: one prototype per program
+      fn = self._direct_fn = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * len(bufs)), ctypes.c_int, ctypes.c_int)(self.fn_addr)
+    fn(*bufs, 0, 1)
+    return True
+
   def run_args(self, args: Any) -> float:
     """Run on a prebuilt argument array (int64 buffer addresses, then variable values); returns the seconds it took."""
     T = self.threads()
@@ -99,6 +118,7 @@ class ClangProgram(CPUProgram):
     try:
       self.fxn = getattr(self.so, name)
       self.entry = ctypes.cast(getattr(self.so, f"{name}_entry"), ctypes.c_void_p).value or 0
+      self.fn_addr = ctypes.cast(self.fxn, ctypes.c_void_p).value or 0
     except AttributeError as e:
       raise RuntimeError(f"shared object for {name} lacks the kernel or its entry: was it rendered by ClangRenderer? ({e})") from e
     try:
@@ -126,6 +146,7 @@ class LLVMProgram(CPUProgram):
     if not self.entry or not fn:
       raise RuntimeError(f"LLVM object for {name} lacks the kernel or its entry: was it rendered by LLVMRenderer?")
     self.parallel = ctypes.c_int32.from_address(par).value if par else 0
+    self.fn_addr = fn
     self._setup_threads()
 
 

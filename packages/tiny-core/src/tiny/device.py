@@ -112,7 +112,7 @@ class Buffer:
 
   def ref(self, cnt: int) -> None:
     """Add cnt to the LazyBuffer refcount of the base."""
-    self.base._lb_refcount += cnt
+    (self._base if self._base is not None else self)._lb_refcount += cnt
 
   def is_allocated(self) -> bool:
     return hasattr(self, "_buf")
@@ -133,9 +133,9 @@ class Buffer:
 
   def allocate(self, opaque: Any = None, external_ptr: Optional[int] = None) -> Buffer:
     """Get device memory for this buffer (or adopt `opaque`/`external_ptr`). Allocating twice is an error."""
-    if self.is_allocated():
+    if hasattr(self, "_buf"):
       raise RuntimeError(f"{self!r} is already allocated")
-    self.allocator = _device(self.device).allocator
+    self.allocator = (_Registry if _Registry is not None else _registry())[self.device].allocator
     if external_ptr is not None:
       # memory owned by someone else (a mapped file, a foreign tensor): adopt it, never free it
       self._buf = self.allocator.from_external(external_ptr, self.nbytes, self.options) if hasattr(self.allocator, "from_external") \
@@ -150,12 +150,16 @@ class Buffer:
     if opaque is not None:
       self._buf = opaque
     else:
-      self._buf = self.allocator.alloc(self.nbytes, self.options)
+      self._buf = self.allocator.alloc(nbytes := self.size * self.dtype.itemsize, self.options)
       if not self.device.startswith("DISK"):
-        GlobalCounters.mem_used += self.nbytes
-        GlobalCounters.mem_peak = max(GlobalCounters.mem_peak, GlobalCounters.mem_used)
+        GlobalCounters.mem_used = used = GlobalCounters.mem_used + nbytes
+        if used > GlobalCounters.mem_peak:
+          GlobalCounters.mem_peak = used
       self._owned = True
     return self
+
+  # True once allocate() got memory from the allocator, which __del__ gives back (adopted and view memory is not)
+  _owned = False
 
   def __reduce__(self) -> Tuple[Any, ...]:
     # pickling carries the contents (when allocated) so a buffer can cross process boundaries
@@ -174,12 +178,13 @@ class Buffer:
     return self.size * self.dtype.itemsize
 
   def __del__(self) -> None:
-    if not hasattr(self, "_buf") or not getattr(self, "_owned", False):
+    if not self._owned:
       return
     try:
+      nbytes = self.size * self.dtype.itemsize
       if not self.device.startswith("DISK"):
-        GlobalCounters.mem_used -= self.nbytes
-      self.allocator.free(self._buf, self.nbytes, self.options)
+        GlobalCounters.mem_used -= nbytes
+      self.allocator.free(self._buf, nbytes, self.options)
     except Exception:  # interpreter shutdown: the module globals may already be gone
       pass
 

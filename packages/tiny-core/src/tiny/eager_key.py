@@ -56,19 +56,21 @@ def scalar_op_id(ret: Any, x: Any, xb: Any, tag: str, val: Any) -> None:
   shape, broadcast) and ret's (x's shape, contiguous). ret._ekey = (epoch, id, the realized bases the graph reads)."""
   # one read of the epoch: a bump by another thread in between must leave ret with the epoch x's id was checked in
   epoch = state.epoch
+  # arg_key(val), inline: it runs for every scalar op
+  av = val if val.__class__ is not float else (("f", repr(val)) if val == 0 or val != val else ("f", val))
   if not hasattr(xb, "srcs"):
-    key: Tuple[Any, ...] = ("s", tag, arg_key(val), -1, xb.dtype, x.st)
+    key: Tuple[Any, ...] = ("s", tag, av, -1, xb.dtype, x.st)
     leaves: Tuple[Any, ...] = (xb,)
   else:
     ek = xb._ekey
     if ek is None or ek[0] != epoch or not ek[1] or xb.forced_realize or isinstance(xb.dtype, ImageDType):
       return
     if x is xb:
-      key = ("s", tag, arg_key(val), ek[1], None)
+      key = ("s", tag, av, ek[1], None)
     elif x.size != xb.size or any(v.mask is not None for v in x.st.views):
       return
     else:
-      key = ("s", tag, arg_key(val), ek[1], x.st)
+      key = ("s", tag, av, ek[1], x.st)
     leaves = ek[2]
   if (eid := _ids.get(key)) is None:
     if len(_ids) >= _MAX_IDS:

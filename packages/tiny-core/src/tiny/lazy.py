@@ -17,7 +17,7 @@ from tiny.dtype import ConstType, DType, dtypes
 from tiny.helpers import DEBUG, SPLIT_REDUCEOP, _METADATA, Metadata, all_int, all_same, getenv, prod
 from tiny.ops import BinaryOps, MetaOps, Op, ReduceOps, TernaryOps, UnaryOps, exec_alu, python_alu
 from tiny.registry import Device
-from tiny.shape.shapetracker import ShapeTracker
+from tiny.shape.shapetracker import ShapeTracker, _contiguous_tracker
 from tiny.shape.symbolic import Variable, sint
 
 # key -> weak reference to the LazyBuffer. A plain dict of weakrefs whose callback evicts the entry: WeakValueDictionary
@@ -139,7 +139,8 @@ class LazyBuffer:
     del self.srcs
     if self._ekey is not None:
       self._ekey = None   # its leaves: a realized base must not keep its inputs alive
-    self._lazy_readers_changed()
+    if self._readers:
+      self._lazy_readers_changed()
 
   def _lazy_readers_changed(self) -> None:
     # this unrealized base is realized or forced to realize now: a lazy op reading it may have inlined it into its eager
@@ -469,7 +470,7 @@ def scalar_binop(x: LazyBuffer, op: BinaryOps, val: ConstType, reverse: bool, ta
     MetaOps.CONST, val, ()
   c.shape, c.size, c._readers, c._fresh_const = shape, cst.size, [], True
   ret = LazyBuffer.__new__(LazyBuffer)
-  ret.device, ret.st, ret.dtype, ret.shape, ret.size, ret.metadata = device, ShapeTracker.from_shape(shape), dtype, shape, size, metadata
+  ret.device, ret.st, ret.dtype, ret.shape, ret.size, ret.metadata = device, _contiguous_tracker(shape), dtype, shape, size, metadata
   ret.op, ret.arg, ret.srcs, ret._readers, ret._scalar_rev = op, None, (c, x) if reverse else (x, c), [], reverse
   (rs := b._readers).append(ref(ret))
   if len(rs) >= b._sweep_at:

@@ -22,7 +22,7 @@ from tiny.dtype import ConstType, DType, ImageDType, dtypes, least_upper_dtype, 
 from tiny.helpers import (_METADATA, CHECK_INDEX, DEBUG, ContextVar, Metadata, all_int, argfix, argsort, dedup, flatten, fully_flatten, get_shape,
                           make_pair, prod, round_up)
 from tiny.lazy import LazyBuffer, scalar_binop
-from tiny.ops import BinaryOps, MetaOps
+from tiny.ops import BinaryOps, MetaOps, UnaryOps, exec_alu
 from tiny.registry import Device
 from tiny.shape.symbolic import MulNode, Node, NumNode, SumNode, Variable, sint, sym_infer
 
@@ -321,7 +321,7 @@ class Tensor:
 
   def realize(self, *lst: Tensor, do_update_stats: bool = True) -> Tensor:
     """Compute these tensors now (run their kernels). Returns self."""
-    eng = _engine_realize()
+    eng = _engine if _engine is not None else _engine_realize()
     with eng.realize_lock:
       # one eager op seen before runs its cached kernel directly (see realize_eager); the rest is scheduled
       if not lst and do_update_stats and self.lazydata.__class__ is LazyBuffer and eng.realize_eager(self.lazydata):
@@ -2851,6 +2851,7 @@ def _scalar_operand(x: Tensor, y: Any) -> Optional[Tensor]:
 
 # the float dtypes of a tensor (never a vector type), for one set lookup instead of dtypes.is_float
 _SCALAR_FLOATS = frozenset((dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64))
+_F32 = dtypes.float32
 
 
 def _wrap_int(v: int, dtype: DType) -> int:
@@ -2951,28 +2952,51 @@ if TRACEMETA >= 1:
     setattr(Tensor, _name, staticmethod(_metadata_wrapper(_fn)) if _static else _metadata_wrapper(_fn))
 
 
-def _with_scalar_fast_path(slow: Callable[[Tensor, Any], Tensor], op: BinaryOps, reverse: bool, name: str) -> Callable[[Tensor, Any], Tensor]:
-  """Tensor.<name> (x + 1.5, 2 * x, ...) with the eager case done in one step: a Python float or int operand that takes
-  the tensor's dtype, on a tensor that needs no gradient, builds its two lazy nodes directly (lazy.scalar_binop). The
-  same graph, metadata and requires_grad as `slow` (the method as it was), which runs for everything else."""
+def _negated(val: ConstType, dt: DType) -> Optional[ConstType]:
+  # the constant `x - val` adds: what the general path folds NEG of the constant to (lazy.e, then const)
+  return dtypes.as_const(exec_alu(UnaryOps.NEG, dt, [val]), dt)
+
+
+def _reciprocal(val: ConstType, dt: DType) -> Optional[ConstType]:
+  # the constant `x / val` multiplies by: what the general path folds RECIP of the constant to, for a float x (an int x
+  # is cast to float first: the general path); None where folding it raises, so the general path raises the same
+  if not dtypes.is_float(dt):
+    return None
+  try:
+    return dtypes.as_const(exec_alu(UnaryOps.RECIP, dt, [val]), dt)
+  except (ArithmeticError, ValueError):
+    return None
+
+
+def _with_scalar_fast_path(slow: Callable[[Tensor, Any], Tensor], op: BinaryOps, reverse: bool, name: str, tag: str,
+                           fold: Optional[Callable[[ConstType, DType], Optional[ConstType]]] = None) -> Callable[[Tensor, Any], Tensor]:
+  """Tensor.<name> (x + 1.5, 2 * x, x - 1, x / 4, ...) with the eager case done in one step: a Python float or int
+  operand that takes the tensor's dtype, on a tensor that needs no gradient, builds its two lazy nodes directly
+  (lazy.scalar_binop: `x <op> constant`, its eager id named by `tag`). `fold` turns the operand into that constant the
+  way the general path folds it (x - c is x + (-c), x / c is x * (1/c) for floats). The same graph, metadata and
+  requires_grad as `slow` (the method as it was), which runs for everything else."""
   plain = Metadata(name=name) if TRACEMETA >= 1 else None
 
   def fast(self: Tensor, x: Any) -> Tensor:
     cls = x.__class__
     if (cls is float or cls is int) and self.requires_grad is not True and (lb := self.lazydata).__class__ is LazyBuffer:
       dt = lb.dtype
-      if dt in _SCALAR_FLOATS:
+      if dt is _F32 or dt in _SCALAR_FLOATS:   # (float32 by identity: a set lookup hashes the dtype in Python)
         val: ConstType = float(x)
       elif cls is int and dtypes.is_int(dt):
         val = _wrap_int(x, dt)
       else:
         return slow(self, x)
+      if fold is not None:
+        if (folded := fold(val, dt)) is None:
+          return slow(self, x)
+        val = folded
       md = _METADATA.get()
       if md is None and plain is not None:
         if TRACEMETA.value >= 2:   # the wrapper records the caller
           return slow(self, x)
         md = plain
-      if (out := scalar_binop(lb, op, val, reverse, name, md)) is not None:
+      if (out := scalar_binop(lb, op, val, reverse, tag, md)) is not None:
         ret = Tensor.__new__(Tensor)
         ret.lazydata, ret.grad, ret.requires_grad, ret._ctx = out, None, self.requires_grad, None
         return ret
@@ -2980,9 +3004,12 @@ def _with_scalar_fast_path(slow: Callable[[Tensor, Any], Tensor], op: BinaryOps,
   return functools.wraps(slow)(fast)
 
 
-for _name, _op, _rev in (("__add__", BinaryOps.ADD, False), ("__radd__", BinaryOps.ADD, True), ("__mul__", BinaryOps.MUL, False),
-                         ("__rmul__", BinaryOps.MUL, True)):
-  setattr(Tensor, _name, _with_scalar_fast_path(getattr(Tensor, _name), _op, _rev, _name))
+for _name, _op, _rev, _tag, _fold in (("__add__", BinaryOps.ADD, False, "__add__", None), ("__radd__", BinaryOps.ADD, True, "__radd__", None),
+                                      ("__mul__", BinaryOps.MUL, False, "__mul__", None), ("__rmul__", BinaryOps.MUL, True, "__rmul__", None),
+                                      # the same graphs as x + (-c) and x * (1/c): the same ids
+                                      ("__sub__", BinaryOps.ADD, False, "__add__", _negated),
+                                      ("__truediv__", BinaryOps.MUL, False, "__mul__", _reciprocal)):
+  setattr(Tensor, _name, _with_scalar_fast_path(getattr(Tensor, _name), _op, _rev, _name, _tag, _fold))
 
 # last: function.py subclasses Function and builds Tensors, so it imports this module; both names exist by now
 import tiny.function as F  # noqa: E402

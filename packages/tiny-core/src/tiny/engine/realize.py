@@ -14,10 +14,11 @@ from concurrent.futures import Future, as_completed
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, Generator, List, Optional, Tuple
 
-from tiny import plugins
+from tiny import eager_key, plugins
 from tiny.codegen.kernel import Kernel
 from tiny.device import Buffer, Compiled, Compiler
 from tiny.engine import eager_params, graph_viz
+from tiny.eager_key import state as _key_state
 from tiny.engine.schedule import ScheduleItem, cached_schedule, eager_kernel
 from tiny.helpers import BEAM, CAPTURING, DEBUG, NOOPT, GlobalCounters, Metadata, ansilen, colored, getenv, progress_bar, to_function_name
 from tiny.lazy import LazyBuffer
@@ -75,6 +76,12 @@ class CompiledRunner(Runner):
 
   # the launch keywords of a kernel without Variables (see __init__); None: worked out per call
   _launch: Optional[Dict[str, Any]] = None
+
+  def direct_call(self) -> Optional[Callable[..., bool]]:
+    """The program's own synchronous call on the raw buffers' handles (`direct(*handles) -> ran`), for a kernel without
+    Variables whose runtime offers one (an optional `direct` method of the program, which returns False, having done
+    nothing, when it cannot run that way now); None otherwise. Nothing is timed or counted: the caller counts."""
+    return getattr(self.clprg, "direct", None) if self._launch is not None else None
 
   def __call__(self, rawbufs: List[Buffer], var_vals: Dict[Variable, int], wait: bool = False) -> Optional[float]:
     if (launch := self._launch) is not None:
@@ -539,6 +546,11 @@ def realize_eager(lb: LazyBuffer) -> bool:
   if capturing.items or DEBUG.value >= 2 or graph_viz.GRAPH.value:
     return False
   out = lb._base if lb._base is not None else lb
+  # an id seen before (and still current: see eager_key.known) whose plan still fits the device and the settings
+  if (ek := out._ekey) is not None and ek[0] == _key_state.epoch and (plan := _plans.get(ek[1])) is not None and \
+      plan.dname == out.device and plan.renderer is Device[plan.dname].renderer and plan.gen == plugins.generation() and \
+      plan.beam == BEAM.value and plan.noopt == NOOPT.value and hasattr(out, "srcs"):
+    return plan.run(out, ek[2])
   if (hit := eager_kernel(out)) is None:
     # a scalar op whose constant changed: the kernel that reads it from a buffer, if its structure has one
     return eager_params.try_run(out) or _run_cached_schedule(lb)
@@ -550,10 +562,76 @@ def realize_eager(lb: LazyBuffer) -> bool:
       return False
     bufs.append(x.buffer)
   runner, idx = _runner_for(dname, ast)
+  if ek is not None and (known := eager_key.known(out)) is not None:
+    _remember_plan(known, dname, runner, idx, inputs)
   # from here on it is scheduled, as _scheduled does it: the output stops holding its graph
   out.mark_scheduled()
   _run_kernel(runner, [bufs[i] for i in idx])
   return True
+
+
+class _EagerPlan:
+  """How to run the kernel of one eager structural id (see tiny.eager_key) on one device, found by the id alone: the
+  runner, where each kernel argument comes from (the output, or one of the realized bases the id lists), the settings
+  the runner was chosen under (it is stale once one of them changes), and its cost estimates for GlobalCounters."""
+
+  __slots__ = ("dname", "renderer", "gen", "beam", "noopt", "runner", "spec", "ops", "mem", "direct")
+
+  def __init__(self, dname: str, runner: CompiledRunner, spec: Tuple[int, ...]) -> None:
+    self.dname, self.renderer, self.gen, self.beam, self.noopt = dname, _device(dname).renderer, plugins.generation(), BEAM.value, NOOPT.value
+    self.runner, self.spec = runner, spec
+    self.ops, self.mem = sym_infer(runner.op_estimate, _NO_VARS), sym_infer(runner.mem_estimate, _NO_VARS)
+    # the program's own call on the raw buffers, where its runtime has one (see CompiledRunner.direct_call)
+    self.direct = runner.direct_call()
+
+  def run(self, out: LazyBuffer, leaves: Tuple[LazyBuffer, ...]) -> bool:
+    """Run the kernel computing out (unrealized, its id current) on its leaves; False, having done nothing, where an
+    input is on another device or empty (the full path says what to do)."""
+    dname = self.dname
+    bufs: List[Buffer] = []
+    for i in self.spec:
+      if i < 0:
+        bufs.append(out.buffer)
+        continue
+      x = leaves[i]
+      if x.device != dname or x.size == 0:
+        return False
+      bufs.append(x.buffer)
+    # from here on it is scheduled, as _scheduled does it: the output stops holding its graph
+    out.mark_scheduled()
+    for b in bufs:
+      if not hasattr(b, "_buf"):
+        b.allocate()
+    if (direct := self.direct) is None or not direct(*[b._buf for b in bufs]):
+      self.runner(bufs, _NO_VARS)
+    GlobalCounters.kernel_count += 1
+    GlobalCounters.global_ops += self.ops
+    GlobalCounters.global_mem += self.mem
+    return True
+
+
+# eager structural id -> its plan (see _EagerPlan); ids are never reused, so an entry can only go stale, which run checks
+_plans: Dict[int, _EagerPlan] = {}
+_PLANS_MAX = 1 << 14
+
+
+def _remember_plan(known: Tuple[int, Tuple[LazyBuffer, ...]], dname: str, runner: CompiledRunner, idx: Tuple[int, ...],
+                   inputs: Tuple[LazyBuffer, ...]) -> None:
+  """Keep the plan of the id known[0] when each kernel input is one of the realized bases the id lists (known[1])."""
+  if runner._launch is None:   # Variables: launched per call
+    return
+  eid, leaves = known
+  spec = []
+  for i in idx:
+    if i == 0:
+      spec.append(-1)
+      continue
+    if (j := next((j for j, x in enumerate(leaves) if x is inputs[i - 1]), None)) is None:
+      return
+    spec.append(j)
+  if len(_plans) >= _PLANS_MAX:
+    _plans.clear()
+  _plans[eid] = _EagerPlan(dname, runner, tuple(spec))
 
 
 _NO_VARS: Dict[Variable, int] = {}
