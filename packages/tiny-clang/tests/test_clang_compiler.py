@@ -183,3 +183,37 @@ def test_sum_of_a_huge_page_buffer_matches_numpy(device: str) -> None:
   np.testing.assert_allclose(t.max().numpy(), x.max())
   y = x[: (len(x) // 1024) * 1024].reshape(-1, 1024)
   np.testing.assert_allclose(Tensor(y, device=device).sum(axis=0).numpy(), y.sum(axis=0), rtol=1e-4, atol=1e-3)
+
+
+class _Clock:
+  """perf_counter stand-in: each run (two reads) takes the next of `durations` seconds."""
+
+  def __init__(self, durations: list) -> None:
+    self.durations, self.t, self.reads = list(durations), 0.0, 0
+
+  def __call__(self) -> float:
+    self.reads += 1
+    if self.reads % 2 == 0:
+      self.t += self.durations.pop(0)
+    return self.t
+
+
+@pytest.mark.parametrize("durations, cores", [
+  ([500e-6, 5e-6, 6e-6], 1),      # a slow first run (a busy machine) no longer sends a tiny kernel to the pool for good
+  ([500e-6, 450e-6, 480e-6], 2),  # every run slow: worth the pool
+  ([0.5], 2),                     # one run far past the threshold decides at once
+])
+def test_core_count_is_decided_on_the_fastest_of_the_first_runs(monkeypatch: pytest.MonkeyPatch, durations: list, cores: int) -> None:
+  from tiny_clang import runtime
+  monkeypatch.setattr(runtime.THREADS, "value", 0)
+  monkeypatch.setattr(runtime, "num_threads", lambda: 2)
+  lib = ClangCompiler().compile(ADD1)
+  prog = ClangProgram("add1", lib)
+  al = ClangAllocator()
+  out, inp = al.alloc(16), al.alloc(16)
+  clock = _Clock(durations)
+  monkeypatch.setattr(runtime.time, "perf_counter", clock)
+  for i in range(len(durations)):
+    assert prog.auto_threads is None, f"decided after {i} runs"
+    prog(out, inp)
+  assert prog.auto_threads == cores

@@ -15,8 +15,11 @@ from tiny.backend import BufferOptions, LRUAllocator, flat_mv, to_function_name
 from tiny_clang.pool import NativePool, get_pool, num_threads
 from tiny_clang.settings import THREADS
 
-# a kernel whose first single-core run takes less than this stays on one core: waking the pool costs more than it saves
+# a kernel whose fastest of its first PARALLEL_SAMPLES single-core runs takes less than this stays on one core: waking the
+# pool costs more than it saves. One sample is not enough: on a busy machine a 16-float kernel's first run can take
+# longer (preempted, cold caches), and the choice holds for the rest of the process
 PARALLEL_MIN_SECONDS = 40e-6
+PARALLEL_SAMPLES = 3
 
 _tmpdir = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
@@ -58,6 +61,7 @@ class CPUProgram:
   def _setup_threads(self) -> None:
     self.pool = get_pool()
     self.auto_threads: Optional[int] = None if THREADS.value == 0 else 0
+    self._samples: List[float] = []
 
   def threads(self) -> int:
     """How many cores the next call uses."""
@@ -104,7 +108,9 @@ class CPUProgram:
     self.pool.run1(self.entry, args, self.parallel, T)
     et = time.perf_counter() - st
     if self.auto_threads is None and THREADS.value == 0:
-      self.auto_threads = num_threads() if et > PARALLEL_MIN_SECONDS else 1
+      self._samples.append(et)
+      if et > 100 * PARALLEL_MIN_SECONDS or len(self._samples) >= PARALLEL_SAMPLES:   # a long kernel needs no second look
+        self.auto_threads = num_threads() if min(self._samples) > PARALLEL_MIN_SECONDS else 1
     return et
 
 
