@@ -1784,8 +1784,11 @@ class Tensor:
 
   def _dot_panels(self, w: Tensor, width: int, acc_dtype: Optional[DTypeLike]) -> Tensor:
     """self @ w with w first copied into contiguous panels of `width` columns (see `Renderer.matmul_panel`)."""
+    from tiny.panel_cache import cached_panels, pack_panels
     k, n = cast(Tuple[int, int], w.shape)
-    panels = w.reshape(k, n // width, width).permute(1, 0, 2).contiguous()   # (n // width, k, width)
+    # (n // width, k, width): kept from an earlier call while w's buffer is unchanged (see tiny.panel_cache)
+    if (panels := cached_panels(w, width)) is None:
+      panels = pack_panels(w, width)
     x = self.reshape(*self.shape[:-1], 1, 1, k)
     out = (x * panels.permute(0, 2, 1)).sum(-1, acc_dtype=acc_dtype)       # (..., n // width, width)
     return out.reshape(*self.shape[:-1], n)
