@@ -182,6 +182,7 @@ def test_jit_that_writes_its_weight(device: str) -> None:
 
 def test_write_versions_of_kernels_copies_and_jit(device: str) -> None:
   """A kernel's outputs change version and its inputs do not; copyin, views and JIT replays count as writes."""
+  Buffer.track_writes()   # (the panel cache turns it on before its first version; this test reads versions itself)
   a = Tensor(_rand(16, seed=18), device=device).realize()
   b = Tensor(_rand(16, seed=19), device=device).realize()
   va, vb = _buf(a).write_version(), _buf(b).write_version()

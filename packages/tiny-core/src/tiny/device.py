@@ -10,7 +10,7 @@ from __future__ import annotations
 import ctypes
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, DefaultDict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, ClassVar, DefaultDict, List, Optional, Sequence, Tuple
 
 from tiny import helpers
 from tiny.capabilities import DeviceCaps
@@ -84,13 +84,22 @@ class Buffer:
   memory planner knows which buffers are private to a schedule.
 
   `write_version()` changes whenever the contents may have changed, for caches of data derived from them (the packed
-  matmul panels of a weight): every path that writes device memory notes it (`note_write`), a JIT replay through the
-  counters of the JITs that write the buffer (`add_jit_writer`).
+  matmul panels of a weight), once such a cache has called `track_writes()`: every path that writes device memory notes
+  it (`note_write`), a JIT replay through the counters of the JITs that write the buffer (`add_jit_writer`).
   """
 
   # writes noted on this base buffer (class defaults: most buffers never have either set)
   _writes = 0
   _jit_writers: Tuple[JitWriteCounter, ...] = ()
+  # whether kernel runs and copies note their writes (Runner.note_writes): off until a cache of derived data first reads
+  # a version (`track_writes`), so a program that keeps no such cache pays nothing per eager kernel. Versions read after
+  # that are all compared with later ones, so the writes before it do not matter
+  tracking_writes: ClassVar[bool] = False
+
+  @staticmethod
+  def track_writes() -> None:
+    """Have every kernel run and copy note its writes from now on (before the first `write_version` a cache keeps)."""
+    Buffer.tracking_writes = True
 
   def __init__(self, device: str, size: int, dtype: DType, opaque: Any = None, options: Optional[BufferOptions] = None,
                initial_value: Optional[bytes] = None, lb_refcount: int = 0, base: Optional[Buffer] = None, offset: int = 0,

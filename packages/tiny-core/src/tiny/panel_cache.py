@@ -70,6 +70,7 @@ def cached_panels(w: Tensor, width: int) -> Optional[Tensor]:
   lb = w.lazydata
   assert isinstance(lb, LazyBuffer)
   key: _Key = (lb.st, lb.dtype, width)
+  Buffer.track_writes()
   version = buf.write_version()
   entries = _cache.get(buf)
   ent = entries.get(key) if entries is not None else None

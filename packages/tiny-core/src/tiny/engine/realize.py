@@ -48,13 +48,16 @@ class Runner:
 
   def note_writes(self, rawbufs: List[Buffer]) -> None:
     """Tell the buffers this run wrote that their contents changed (Buffer.write_version)."""
+    # Buffer.note_write inlined: this runs for every eager kernel
     for i in (range(len(rawbufs)) if self.writes is None else self.writes):
-      rawbufs[i].note_write()
+      b = rawbufs[i]
+      (b if b._base is None else b._base)._writes += 1
 
   def exec(self, rawbufs: List[Buffer], var_vals: Optional[Dict[Variable, int]] = None) -> Optional[float]:
     """Run once on rawbufs (already allocated); returns the time in seconds when measured."""
     et = self(rawbufs, {} if var_vals is None else var_vals)
-    self.note_writes(rawbufs)
+    if Buffer.tracking_writes:
+      self.note_writes(rawbufs)
     return et
 
   def __call__(self, rawbufs: List[Buffer], var_vals: Dict[Variable, int], wait: bool = False) -> Optional[float]:
@@ -404,7 +407,7 @@ class ExecItem:
     if not jit:
       bufs = [b.ensure_allocated() for b in bufs]
     et = self.prg(bufs, var_vals, wait=wait or DEBUG >= 2)
-    if not jit:
+    if not jit and Buffer.tracking_writes:
       # a JIT replay counts its writes once for all its kernels (TinyJit's JitWriteCounter)
       self.prg.note_writes(bufs)
     if do_update_stats:
@@ -585,7 +588,8 @@ def _run_kernel(runner: CompiledRunner, bufs: List[Buffer]) -> None:
   """What ExecItem(runner, bufs).run() does for a kernel with no Variables, no DEBUG output and no JIT capture (the
   eager fast path): allocate, run, count. Without the ExecItem, list copies and symbolic estimates in between."""
   runner([b.ensure_allocated() for b in bufs], _NO_VARS)
-  runner.note_writes(bufs)
+  if Buffer.tracking_writes:
+    runner.note_writes(bufs)
   _count_run(runner, _NO_VARS)
 
 
