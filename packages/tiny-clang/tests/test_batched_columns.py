@@ -33,6 +33,10 @@ def test_no_copy_for_contiguous_columns_or_few_rows() -> None:
   assert len(create_schedule([(p @ v).lazydata])) == 1
   q1, k = Tensor(_rand(1, 12, 1, 64, seed=5), device="CLANG").realize(), _heads(Tensor(_rand(1, 128, 768, seed=6), device="CLANG").realize(), 12)
   assert len(create_schedule([(q1 @ k.transpose(-2, -1)).lazydata])) == 1
+  # a right operand broadcast along its columns is not materialized
+  q, row = Tensor(_rand(12, 128, 64, seed=7), device="CLANG").realize(), Tensor(_rand(12, 64, 1, seed=8), device="CLANG").realize()
+  assert len(create_schedule([(q @ row.expand(12, 64, 128)).lazydata])) == 1
+  np.testing.assert_allclose((q @ row.expand(12, 64, 128)).numpy(), np.broadcast_to(q.numpy() @ row.numpy(), (12, 128, 128)), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("device", ["CLANG", "LLVM"])

@@ -1796,8 +1796,8 @@ class Tensor:
     m, (k, n) = prod(cast(Tuple[int, ...], self.shape[:-1])), cast(Tuple[int, int], w.shape[-2:])
     if renderer.matmul_panel(m, k, n, self.dtype) <= 1:
       return False
-    strides = w.lazydata.st.real_strides()
-    return strides[-1] != 1
+    # (a broadcast along the columns, stride 0, is not materialized: every column reads the same values)
+    return w.lazydata.st.real_strides()[-1] not in (0, 1)
 
   def _dot_panels(self, w: Tensor, width: int, acc_dtype: Optional[DTypeLike]) -> Tensor:
     """self @ w with w first copied into contiguous panels of `width` columns (see `Renderer.matmul_panel`)."""
