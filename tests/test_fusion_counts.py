@@ -193,3 +193,25 @@ def test_broadcast_recomputed_in_several_kernels() -> None:
   ref = xn * (an * an + 1)[:, None]
   np.testing.assert_allclose(s1.numpy(), ref.sum(1), rtol=1e-5)
   np.testing.assert_allclose(s2.numpy(), ref.sum(0), rtol=1e-5)
+
+
+def test_large_broadcast_of_a_fresh_buffer_gets_its_own_kernel() -> None:
+  # a layernorm of a buffer computed in the same schedule, read by a matmul through a broadcast: recomputing it in the
+  # matmul would re-read the buffer once per column (panel), so it is realized; the one-hot mask of an embedding lookup
+  # (large, but made from small inputs) is still recomputed inside the lookup's kernel
+  rng = np.random.default_rng(2)
+  tok, emb, wn = rng.integers(0, 500, (1, 128)).astype(np.int32), data(500, 256), data(256, 512, seed=3)
+  w = Tensor(wn).realize()
+  posn = data(128, 256, seed=4)
+  h = Tensor(emb).realize()[Tensor(tok).realize()] + Tensor(posn).realize()   # token + position embeddings
+  x = h.layernorm()
+  out = x @ w
+  sched = Tensor.schedule(out)
+  assert all(b.size != 128 * 500 for si in sched for b in si.bufs), "the one-hot mask got a buffer"
+  normalize = [si for si in sched if si.ast.op is MetaOps.KERNEL and [m.name for m in si.metadata or []] == ["layernorm"]
+               and si.outputs[0].size == 128 * 256]
+  assert len(normalize) == 1, [si.metadata for si in sched]
+  run_schedule(sched)
+  hn = emb[tok] + posn
+  ref = (hn - hn.mean(-1, keepdims=True)) / np.sqrt(hn.var(-1, keepdims=True) + 1e-5) @ wn
+  np.testing.assert_allclose(out.numpy(), ref, rtol=1e-4, atol=1e-4)

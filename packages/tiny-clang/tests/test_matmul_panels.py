@@ -234,8 +234,9 @@ def test_packed_matmul_gradients_match_torch(device: str) -> None:
 
 
 def test_cpu_matmul_is_packed() -> None:
-  """On CLANG a big float product runs as a panel copy plus the blocked product kernel, and a small one is not packed."""
-  a, b = Tensor.rand(256, 256, device="CLANG").realize(), Tensor.rand(256, 256, device="CLANG").realize()
+  """On CLANG a big float product runs as a panel copy plus the blocked product kernel, and a small one is not packed.
+  (b takes gradients: the panels of one that does not are packed once and kept, see test_panel_cache.)"""
+  a, b = Tensor.rand(256, 256, device="CLANG").realize(), Tensor.rand(256, 256, device="CLANG", requires_grad=True).realize()
   sched = create_schedule([(a @ b).lazydata])
   assert len(sched) == 2, [si.ast for si in sched]
   small = create_schedule([(a[:8, :8] @ b[:8, :16]).lazydata])

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ctypes
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, DefaultDict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, ClassVar, DefaultDict, List, Optional, Sequence, Tuple
 
 from tiny import helpers
 from tiny.capabilities import DeviceCaps
@@ -21,7 +21,8 @@ from tiny.renderer import Renderer
 if TYPE_CHECKING:
   from tiny.registry import _Device
 
-__all__ = ["Buffer", "BufferOptions", "Allocator", "LRUAllocator", "MallocAllocator", "Compiler", "CompileError", "Compiled", "Device"]  # noqa: F822
+__all__ = ["Buffer", "BufferOptions", "JitWriteCounter",
+           "Allocator", "LRUAllocator", "MallocAllocator", "Compiler", "CompileError", "Compiled", "Device"]  # noqa: F822
 
 
 _Registry: Optional[_Device] = None
@@ -65,13 +66,40 @@ class BufferOptions:
   nolru: bool = False
 
 
+class JitWriteCounter:
+  """How many times one TinyJit replayed its capture. A buffer the captured kernels write keeps the counter (see
+  `Buffer.write_version`), so a replay adds one write to all of them at the cost of one increment."""
+
+  __slots__ = ("count",)
+
+  def __init__(self) -> None:
+    self.count = 0
+
+
 class Buffer:
   """A (lazily allocated) region of device memory holding `size` elements of `dtype`.
 
   A buffer made with `base=` is a view: it shares the base's memory starting `offset` bytes in, and is
   allocated when its base is. `lb_refcount` counts the LazyBuffers that use the base, so the scheduler's
   memory planner knows which buffers are private to a schedule.
+
+  `write_version()` changes whenever the contents may have changed, for caches of data derived from them (the packed
+  matmul panels of a weight), once such a cache has called `track_writes()`: every path that writes device memory notes
+  it (`note_write`), a JIT replay through the counters of the JITs that write the buffer (`add_jit_writer`).
   """
+
+  # writes noted on this base buffer (class defaults: most buffers never have either set)
+  _writes = 0
+  _jit_writers: Tuple[JitWriteCounter, ...] = ()
+  # whether kernel runs and copies note their writes (Runner.note_writes): off until a cache of derived data first reads
+  # a version (`track_writes`), so a program that keeps no such cache pays nothing per eager kernel. Versions read after
+  # that are all compared with later ones, so the writes before it do not matter
+  tracking_writes: ClassVar[bool] = False
+
+  @staticmethod
+  def track_writes() -> None:
+    """Have every kernel run and copy note its writes from now on (before the first `write_version` a cache keeps)."""
+    Buffer.tracking_writes = True
 
   def __init__(self, device: str, size: int, dtype: DType, opaque: Any = None, options: Optional[BufferOptions] = None,
                initial_value: Optional[bytes] = None, lb_refcount: int = 0, base: Optional[Buffer] = None, offset: int = 0,
@@ -127,6 +155,21 @@ class Buffer:
       raise RuntimeError(f"{self!r} is not allocated: it has no device handle yet (call ensure_allocated())")
     return self._buf
 
+  def note_write(self) -> None:
+    """Record that the contents (of the base buffer, for a view) may have changed."""
+    (self._base if self._base is not None else self)._writes += 1
+
+  def add_jit_writer(self, counter: JitWriteCounter) -> None:
+    """The kernels of a JIT capture write this buffer: each replay, counted by `counter`, is a write."""
+    base = self._base if self._base is not None else self
+    if not any(c is counter for c in base._jit_writers):
+      base._jit_writers = base._jit_writers + (counter,)
+
+  def write_version(self) -> int:
+    """A number that grows with every write to the base buffer's memory: two equal readings mean no write in between."""
+    base = self._base if self._base is not None else self
+    return base._writes + sum(c.count for c in base._jit_writers)
+
   def ensure_allocated(self) -> Buffer:
     """Allocate if not yet allocated; returns self."""
     return self if self.is_allocated() else self.allocate()
@@ -156,6 +199,7 @@ class Buffer:
         if used > GlobalCounters.mem_peak:
           GlobalCounters.mem_peak = used
       self._owned = True
+    # no write noted: a buffer is allocated once, before anything could have read (and cached) its contents
     return self
 
   # True once allocate() got memory from the allocator, which __del__ gives back (adopted and view memory is not)
@@ -211,6 +255,7 @@ class Buffer:
       raise ValueError(f"copyin of {mv.nbytes} bytes into a buffer of {self.nbytes} bytes")
     self.ensure_allocated()
     self.allocator.copyin(self._buf, mv)
+    self.note_write()
     return self
 
   def copyout(self, mv: memoryview) -> memoryview:

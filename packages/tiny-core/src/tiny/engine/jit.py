@@ -14,7 +14,7 @@ import itertools
 import threading
 from typing import Any, Callable, Dict, Generic, Iterator, List, Optional, Sequence, Set, Tuple, TypeVar, Union, cast
 
-from tiny.device import Buffer, Compiled
+from tiny.device import Buffer, Compiled, JitWriteCounter
 from tiny.dtype import DType
 from tiny.helpers import DEBUG, JIT, GlobalCounters, colored, merge_dicts
 from tiny.engine.realize import CompiledRunner, ExecItem, Runner, capturing, run_schedule
@@ -176,6 +176,12 @@ class _Capture:
   def __init__(self) -> None:
     self.items: List[ExecItem] = []
     self.preexisting: Set[int] = set()
+    self.replay_guards: List[Callable[[], None]] = []
+
+  def add_replay_guard(self, guard: Callable[[], None]) -> None:
+    """Run guard() before every replay of this capture: the captured kernels read state (a cache of derived data such as
+    packed matmul panels) that the guard brings up to date, running any kernels it needs itself."""
+    self.replay_guards.append(guard)
 
   def add(self, ei: ExecItem) -> None:
     # a buffer already allocated when its item is captured existed before (a weight, an input)
@@ -192,6 +198,8 @@ class TinyJit(Generic[ReturnType]):
     self.fxn = fxn
     functools.update_wrapper(self, fxn)  # type: ignore[arg-type]
     self._lock = threading.RLock()
+    # one count of replays for every buffer the captured kernels write (see _note_capture_writes)
+    self._writes = JitWriteCounter()
     self.reset()
 
   def reset(self) -> None:
@@ -207,6 +215,9 @@ class TinyJit(Generic[ReturnType]):
     self.out_multi: List[Any] = []
     self.out_from_input: Dict[int, int] = {}
     self._var_vals: Dict[Variable, int] = {}
+    self.written_inputs: List[int] = []
+    # checks run before each replay (see add_replay_guard)
+    self.replay_guards: List[Callable[[], None]] = []
 
   @property
   def jit_kernels(self) -> int:
@@ -298,6 +309,8 @@ class TinyJit(Generic[ReturnType]):
         if b is not None:
           b.ensure_allocated()
     changing = input_bufs + self.out_bufs
+    self._note_capture_writes(items, changing)
+    self.replay_guards = list(cap.replay_guards)
     self.jit_cache = apply_graph_to_jit(group_by_device(items), changing, var_vals)
     self.input_replace = get_input_replace(self.jit_cache, changing)
     self.expected_names, self.expected_sig = names, self._signature(tensors)
@@ -307,6 +320,22 @@ class TinyJit(Generic[ReturnType]):
     for (j, i) in self.input_replace:
       self.jit_cache[j].bufs[i] = None
     return ret
+
+  def _note_capture_writes(self, items: List[ExecItem], changing: List[Buffer]) -> None:
+    """Give every buffer the captured kernels write this JIT's replay counter, so that a replay changes their
+    write_version with one increment. The per-call buffers instead: an input a kernel writes is noted at each replay
+    (the fresh outputs are new buffers every call)."""
+    index = {id(b): i for i, b in enumerate(changing)}
+    written: Set[int] = set()
+    for ei in items:
+      bufs = cast(List[Buffer], ei.bufs)
+      for pos in (range(len(bufs)) if ei.prg.writes is None else ei.prg.writes):
+        if (i := index.get(id(bufs[pos]))) is not None:
+          written.add(i)
+        else:
+          bufs[pos].add_jit_writer(self._writes)
+    n_inputs = len(changing) - len(self.out_bufs)
+    self.written_inputs = sorted(i for i in written if i < n_inputs)
 
   def _check(self, names: List[Union[int, str]], tensors: List[Any]) -> None:
     if names != self.expected_names:
@@ -327,6 +356,11 @@ class TinyJit(Generic[ReturnType]):
     changing = [lb.base.realized for t in tensors for lb in _lbs(t)] + fresh
     for (j, i), idx in self.input_replace.items():
       self.jit_cache[j].bufs[i] = changing[idx]
+    for guard in self.replay_guards:
+      guard()
+    self._writes.count += 1
+    for idx in self.written_inputs:
+      cast(Buffer, changing[idx]).note_write()
     for ei in self.jit_cache:
       ei.run(var_vals, jit=True)
     for (j, i) in self.input_replace:

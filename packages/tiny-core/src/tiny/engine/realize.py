@@ -40,13 +40,26 @@ class Runner:
   def __init__(self, display_name: str, dname: str, op_estimate: Any = 0, mem_estimate: Any = 0):
     self.first_run, self.display_name, self.dname, self.op_estimate, self.mem_estimate = True, display_name, dname, op_estimate, mem_estimate
 
+  # the positions in its buffer list that a run writes (see note_writes); None: any of them, as far as anyone knows
+  writes: Optional[Tuple[int, ...]] = None
+
   @property
   def device(self) -> Compiled:
     return _device(self.dname)
 
+  def note_writes(self, rawbufs: List[Buffer]) -> None:
+    """Tell the buffers this run wrote that their contents changed (Buffer.write_version)."""
+    # Buffer.note_write inlined: this runs for every eager kernel
+    for i in (range(len(rawbufs)) if self.writes is None else self.writes):
+      b = rawbufs[i]
+      (b if b._base is None else b._base)._writes += 1
+
   def exec(self, rawbufs: List[Buffer], var_vals: Optional[Dict[Variable, int]] = None) -> Optional[float]:
     """Run once on rawbufs (already allocated); returns the time in seconds when measured."""
-    return self(rawbufs, {} if var_vals is None else var_vals)
+    et = self(rawbufs, {} if var_vals is None else var_vals)
+    if Buffer.tracking_writes:
+      self.note_writes(rawbufs)
+    return et
 
   def __call__(self, rawbufs: List[Buffer], var_vals: Dict[Variable, int], wait: bool = False) -> Optional[float]:
     raise NotImplementedError("a Runner must implement __call__")
@@ -63,6 +76,9 @@ class CompiledRunner(Runner):
     self.lib = precompiled if precompiled is not None else dev.compiler.compile_cached(p.src)
     self.clprg = dev.runtime(to_function_name(p.name), self.lib)
     super().__init__(p.name, p.dname, p.op_estimate, p.mem_estimate)
+    # the kernel's arguments are p.globals in order; a kernel that names no output is left at "any of them"
+    if p.outs and all(o in p.globals for o in p.outs):
+      self.writes = tuple(p.globals.index(o) for o in p.outs)
     if not p.vars and all(isinstance(d, int) for d in [*(p.global_size or ()), *(p.local_size or ())]):
       # no Variables, in the arguments or the launch sizes: the launch is the same every call, so it is worked out once
       global_size, local_size = p.launch_dims({})
@@ -110,6 +126,8 @@ class CustomOp(Runner):
 class EmptyOp(Runner):
   """MetaOps.EMPTY: the buffer only needs to exist."""
 
+  writes = (0,)
+
   def __init__(self, buf: Buffer):
     super().__init__(colored(f"empty {buf.size:10d} {buf.dtype}", "yellow"), buf.device)
 
@@ -119,6 +137,8 @@ class EmptyOp(Runner):
 
 class ViewOp(Runner):
   """MetaOps.VIEW: the output aliases the input's memory, so there is nothing to run."""
+
+  writes: Optional[Tuple[int, ...]] = ()
 
   def __init__(self, buf: Buffer):
     super().__init__(colored(f"view {buf.nbytes:8d} @ {buf.offset:<10d}", "yellow"), buf.device)
@@ -131,6 +151,8 @@ class ViewOp(Runner):
 
 class BufferCopy(Runner):
   """Copy between devices through host memory (zero-copy where an allocator offers as_buffer)."""
+
+  writes = (0,)
 
   def __init__(self, total_sz: int, dest_device: str, src_device: str):
     size = f"{total_sz / 1e6:7.2f}M" if total_sz >= 1e6 else f"{total_sz:8d}"
@@ -392,6 +414,9 @@ class ExecItem:
     if not jit:
       bufs = [b.ensure_allocated() for b in bufs]
     et = self.prg(bufs, var_vals, wait=wait or DEBUG >= 2)
+    if not jit and Buffer.tracking_writes:
+      # a JIT replay counts its writes once for all its kernels (TinyJit's JitWriteCounter)
+      self.prg.note_writes(bufs)
     if do_update_stats:
       op_est, mem_est = _count_run(self.prg, var_vals)
       if et is not None:
@@ -641,6 +666,8 @@ def _run_kernel(runner: CompiledRunner, bufs: List[Buffer]) -> None:
   """What ExecItem(runner, bufs).run() does for a kernel with no Variables, no DEBUG output and no JIT capture (the
   eager fast path): allocate, run, count. Without the ExecItem, list copies and symbolic estimates in between."""
   runner([b.ensure_allocated() for b in bufs], _NO_VARS)
+  if Buffer.tracking_writes:
+    runner.note_writes(bufs)
   _count_run(runner, _NO_VARS)
 
 

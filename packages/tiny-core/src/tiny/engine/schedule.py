@@ -18,7 +18,7 @@ from __future__ import annotations
 import sys
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
-from typing import Any, DefaultDict, Dict, List, Optional, Sequence, Set, Tuple, Union
+from typing import Any, DefaultDict, Dict, List, Optional, Sequence, Set, Tuple, Union, cast
 
 from tiny import eager_key
 from tiny.device import Buffer
@@ -226,6 +226,15 @@ def _recurse_lb(buf: LazyBuffer, realizes: Dict[LazyBuffer, None], allbufs: Dict
 
 # the most elementwise ops a broadcast value may have to be recomputed per element instead of getting its own kernel
 _RECOMPUTE_MAX_OPS = 8
+# above this many elements a broadcast value that reads a buffer of its own size is not recomputed: a product reading it
+# through a broadcast (GPT-2's first layernorm output, 128 x 768, into the QKV matmul) would recompute it and re-read
+# that buffer once per column panel (~10x slower kernel), where its own kernel is one pass. A large value made from
+# small inputs (the one-hot mask of an embedding lookup, tokens == arange) is still recomputed
+_RECOMPUTE_MAX_ELEMENTS = 1 << 14
+
+
+def _not_smaller(p: LazyBuffer, b: LazyBuffer) -> bool:
+  return not all_int(p.shape) or prod(cast(Tuple[int, ...], p.shape)) >= prod(cast(Tuple[int, ...], b.shape))
 
 
 def _recompute_from(b: LazyBuffer, realizes: Dict[LazyBuffer, None], assign_targets: Dict[LazyBuffer, LazyBuffer]) -> Optional[List[LazyBuffer]]:
@@ -236,6 +245,8 @@ def _recompute_from(b: LazyBuffer, realizes: Dict[LazyBuffer, None], assign_targ
   that is assigned in this schedule: that read of the old contents stays in a kernel of its own, before the assign."""
   if b.forced_realize or not all_int(b.shape):
     return None
+  # a large b that reads a buffer as large as itself would re-read it once per broadcast element: it gets a kernel
+  large = prod(b.shape) > _RECOMPUTE_MAX_ELEMENTS
   todo, seen, ops, boundaries = [b], set(), 0, []
   while todo:
     p = todo.pop()
@@ -243,12 +254,18 @@ def _recompute_from(b: LazyBuffer, realizes: Dict[LazyBuffer, None], assign_targ
       continue
     seen.add(p)
     if p.realized is not None:
-      if p in assign_targets:
+      if p in assign_targets or (large and _not_smaller(p, b)):
         return None
       continue
-    if p.op in (MetaOps.CONST, MetaOps.ARANGE) or (p is not b and p in realizes):
+    if p.op in (MetaOps.CONST, MetaOps.ARANGE):
+      continue
+    if p is not b and p in realizes:
+      if large and _not_smaller(p, b):
+        return None
       continue
     if p is not b and _stored_by_its_reduce(p):
+      if large and _not_smaller(p, b):
+        return None
       # p = f(a reduce, realized inputs): the reduce needs a kernel anyway, which then stores p, and the reads recompute
       # from there (a loss gradient computed from the forward's output and broadcast into several weight gradients)
       boundaries.append(p)
