@@ -629,6 +629,9 @@ class _EagerPlan:
         b.allocate()
     if (direct := self.direct) is None or not direct(*[b._buf for b in bufs]):
       self.runner(bufs, _NO_VARS)
+    if Buffer.tracking_writes:
+      # (the output is a fresh buffer no cache has read yet, but which slots a kernel writes is the runner's to say)
+      self.runner.note_writes(bufs)
     GlobalCounters.kernel_count += 1
     GlobalCounters.global_ops += self.ops
     GlobalCounters.global_mem += self.mem
