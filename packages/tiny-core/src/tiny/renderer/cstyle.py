@@ -160,6 +160,10 @@ class CStyleLanguage(Renderer):
       return f"(*(({prefix}{self.render_dtype(output_dtype)}*)({buf_name}+{_offset(idx)})))"
     return f"(*({buf_name}+{_offset(idx)}))" if self.uses_ptr_arithmetic else f"{buf_name}[{idx}]"
 
+  def render_alu(self, u: UOp, operands: List[str]) -> str:
+    """The C expression of ALU uop u on its rendered operands (a language may spell some uops differently)."""
+    return self.code_for_op[u.arg](*operands, u.dtype)
+
   def render_store(self, buf_name: str, buf_dtype: DType, var_name: str, var_dtype: DType, idx: str, local: bool = False) -> str:
     """Statement writing var_name (scalar or vector) to buf_name at idx."""
     elem = _base(buf_dtype)
@@ -266,7 +270,7 @@ class CStyleLanguage(Renderer):
           operands = [r[s] for s in src]
         if arg not in self.code_for_op:
           raise RenderError(f"{type(self).__name__} cannot render {arg}")
-        val = self.code_for_op[arg](*operands, dtype)
+        val = self.render_alu(u, operands)
         if dtype in _NARROW_INTS:
           # C computes narrow ints as int: truncate to the dtype, or the wider value leaks into the next inlined op
           val = f"(({self.render_dtype(dtype)})({strip_parens(val)}))"
