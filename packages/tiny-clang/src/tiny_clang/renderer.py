@@ -204,6 +204,7 @@ class ClangRenderer(CStyleLanguage):
     # per STORE uop of the kernel being rendered, in order: a non-temporal store (tiny_clang.streaming_stores). Render
     # state must not be a plain attribute: those are the renderer's cache key
     self._streaming: List[bool] = []
+    self._streams: Set[UOp] = set()      # the STORE uops behind _streaming (render_kernel ends with an sfence when any)
     self._wrapping: Set[UOp] = set()   # ALUs of the kernel being rendered that wrap on overflow (_wrapping_int_ops)
     self.simd_bytes = host_simd_bytes()
     self._x86 = platform.machine().lower() in ("x86_64", "amd64")
@@ -317,8 +318,8 @@ class ClangRenderer(CStyleLanguage):
     if any(u.op in (UOps.SPECIAL, UOps.DEFINE_LOCAL, UOps.BARRIER) for u in uops):
       raise RenderError("ClangRenderer has no thread ids or local memory: render kernels for it with has_local=False")
     self._bitcast_srcs = [cast(DType, u.src[0].dtype) for u in uops if u.op is UOps.BITCAST]
-    streams = streaming_stores(uops, self.stream_min_bytes)
-    self._streaming = [u in streams for u in uops if u.op is UOps.STORE]
+    self._streams = streaming_stores(uops, self.stream_min_bytes)
+    self._streaming = [u in self._streams for u in uops if u.op is UOps.STORE]
     self._uops = uops
     self._wrapping = _wrapping_int_ops(uops)
     return super().render(name, uops)
@@ -343,8 +344,9 @@ class ClangRenderer(CStyleLanguage):
     _mark_reductions(kernel, uops)
     if self.simd_bytes >= 64:
       _mark_tile_loops(kernel, uops)
-    if streaming_stores(uops, self.stream_min_bytes):
-      # streaming stores are weakly ordered: drain them before the slice is reported done to the other threads
+    if self._streams:
+      # streaming stores are weakly ordered: drain them before the slice is reported done to the other threads (render
+      # set _streams for these very uops: render_kernel only runs inside render)
       kernel.append("  __builtin_ia32_sfence();")
     is_ptr = [isinstance(dtype, PtrDType) for _, (dtype, _) in bufs]
     args = [self.render_arg(n, dt, mut, p) for (n, (dt, mut)), p in zip(bufs, is_ptr)] + ["int core", "int ncores"]
