@@ -239,6 +239,20 @@ def test_int_division_is_total() -> None:
 
 
 @needs_cl
+@pytest.mark.parametrize("name, data, fn", [
+  ("add INT_MIN", np.array([-128, 5, 2**31 - 1, -2**31], dtype=np.int32), lambda x: x + (-2**31)),   # PoCL gave -128 for -128
+  ("mul add", np.array([-128, 5, 2**31 - 1, 1 << 20], dtype=np.int32), lambda x: x * 65537 + 2**30),
+  ("neg", np.array([-2**31, 7, 0], dtype=np.int32), lambda x: -x),
+  ("int64 square", np.array([2**62, -2**63, 3, 2**40], dtype=np.int64), lambda x: x * x + x),
+])
+def test_signed_overflow_wraps_like_numpy(name: str, data: np.ndarray, fn: Any) -> None:
+  # signed overflow is undefined in OpenCL C; the renderer computes data arithmetic in the unsigned type so it wraps
+  with np.errstate(over="ignore"):
+    want = fn(data).astype(data.dtype)
+  np.testing.assert_array_equal(_np(fn(Tensor(data, device="GPU"))), want, err_msg=name)
+
+
+@needs_cl
 @pytest.mark.parametrize("src_dt, dst_dt", [(dtypes.float32, dtypes.int32), (dtypes.int32, dtypes.float32), (dtypes.float32, dtypes.uint8),
                                             (dtypes.int32, dtypes.bool), (dtypes.bool, dtypes.float32), (dtypes.int64, dtypes.int16),
                                             (dtypes.float32, dtypes.float64), (dtypes.uint32, dtypes.int64)])

@@ -19,7 +19,7 @@ import functools
 import os
 import platform
 import re
-from typing import Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple, cast
+from typing import Any, Callable, Dict, FrozenSet, List, Optional, Set, Tuple, cast
 
 from tiny.backend import BinaryOps, CStyleLanguage, DType, Kernel, PtrDType, RenderError, TernaryOps, UnaryOps, UOp, UOps, dtypes
 
@@ -132,27 +132,6 @@ def _op_for(op: Any, fn: Callable[..., str]) -> Callable[..., str]:
   return render
 
 
-# signed scalar ints whose +, *, - and FMA overflow is undefined in C (clang then folds `x + INT_MIN` into `x | INT_MIN`);
-# narrower ints are computed as int and truncated, and GNU vector arithmetic wraps
-_UNSIGNED_C = {dtypes.int32: "unsigned int", dtypes.int64: "unsigned long long"}
-_WRAP_OPS = (BinaryOps.ADD, BinaryOps.MUL, UnaryOps.NEG, TernaryOps.MULACC)
-
-
-def _wrapping_int_ops(uops: Sequence[UOp]) -> Set[UOp]:
-  """The signed int32/int64 scalar ALUs of a kernel that compute on data (a LOAD or an accumulator feeds them): these
-  must wrap on overflow as numpy's do. Index arithmetic, built from loop counters and constants, stays plain signed C:
-  it never overflows, and the compiler's no-overflow assumption is what lets it turn indices into pointer steps."""
-  data: Set[UOp] = set()
-  out: Set[UOp] = set()
-  for u in uops:
-    if u.op in (UOps.LOAD, UOps.DEFINE_ACC, UOps.PHI) or (u.op in (UOps.ALU, UOps.CAST, UOps.BITCAST, UOps.GEP, UOps.VECTORIZE) and
-                                                           any(s in data for s in u.src)):
-      data.add(u)
-      if u.op is UOps.ALU and u.arg in _WRAP_OPS and u.dtype in _UNSIGNED_C:
-        out.add(u)
-  return out
-
-
 def host_simd_bytes() -> int:
   """Width of the host's vector registers in bytes (64 with AVX-512, 32 with AVX, 16 otherwise); $SIMD_BYTES overrides."""
   if (env := os.environ.get("SIMD_BYTES")):
@@ -205,7 +184,6 @@ class ClangRenderer(CStyleLanguage):
     # state must not be a plain attribute: those are the renderer's cache key
     self._streaming: List[bool] = []
     self._streams: Set[UOp] = set()      # the STORE uops behind _streaming (render_kernel ends with an sfence when any)
-    self._wrapping: Set[UOp] = set()   # ALUs of the kernel being rendered that wrap on overflow (_wrapping_int_ops)
     self.simd_bytes = host_simd_bytes()
     self._x86 = platform.machine().lower() in ("x86_64", "amd64")
     self.simd_registers = host_simd_registers(self.simd_bytes)
@@ -321,21 +299,7 @@ class ClangRenderer(CStyleLanguage):
     self._streams = streaming_stores(uops, self.stream_min_bytes)
     self._streaming = [u in self._streams for u in uops if u.op is UOps.STORE]
     self._uops = uops
-    self._wrapping = _wrapping_int_ops(uops)
     return super().render(name, uops)
-
-  def render_alu(self, u: UOp, operands: List[str]) -> str:
-    if u not in self._wrapping:
-      return super().render_alu(u, operands)
-    # in unsigned arithmetic, where overflow wraps as numpy's does; converting back to the signed type wraps in clang/gcc
-    dtype = cast(DType, u.dtype)   # (an ALU always has one)
-    t, ut = self.render_dtype(dtype), _UNSIGNED_C[dtype]
-    xs = [f"({ut})({x})" for x in operands]
-    if u.arg is UnaryOps.NEG:
-      return f"(({t})(0u-{xs[0]}))"
-    if u.arg is TernaryOps.MULACC:
-      return f"(({t})({xs[0]}*{xs[1]}+{xs[2]}))"
-    return f"(({t})({xs[0]}{'+' if u.arg is BinaryOps.ADD else '*'}{xs[1]}))"
 
   def render_kernel(self, function_name: str, kernel: List[str], bufs: List[Tuple[str, Tuple[DType, bool]]], uops: List[UOp],
                     prefix: Optional[List[str]] = None) -> str:

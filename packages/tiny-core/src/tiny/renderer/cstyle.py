@@ -16,6 +16,7 @@ from tiny.codegen.uops import UOp, UOps
 from tiny.helpers import strip_parens
 from tiny.ops import BinaryOps, TernaryOps, UnaryOps
 from tiny.renderer import Renderer, lazy_gated_alternatives
+from tiny.renderer.int_wrap import UNSIGNED_OF, wrapping_int_ops
 
 
 _NARROW_INTS = (dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16)
@@ -164,6 +165,18 @@ class CStyleLanguage(Renderer):
     """The C expression of ALU uop u on its rendered operands (a language may spell some uops differently)."""
     return self.code_for_op[u.arg](*operands, u.dtype)
 
+  def render_wrapping_alu(self, u: UOp, operands: List[str]) -> str:
+    """ALU uop u on signed int32/int64 data, computed in the unsigned type of its width so that overflow wraps as
+    numpy's does (signed overflow is undefined in C-family languages); converting back wraps on every target."""
+    dtype = cast(DType, u.dtype)
+    t, ut = self.render_dtype(dtype), self.render_dtype(UNSIGNED_OF[dtype])
+    xs = [f"(({ut})({x}))" for x in operands]
+    if u.arg is UnaryOps.NEG:
+      return f"(({t})((({ut})0)-{xs[0]}))"
+    if u.arg is TernaryOps.MULACC:
+      return f"(({t})({xs[0]}*{xs[1]}+{xs[2]}))"
+    return f"(({t})({xs[0]}{'+' if u.arg is BinaryOps.ADD else '*'}{xs[1]}))"
+
   def render_store(self, buf_name: str, buf_dtype: DType, var_name: str, var_dtype: DType, idx: str, local: bool = False) -> str:
     """Statement writing var_name (scalar or vector) to buf_name at idx."""
     elem = _base(buf_dtype)
@@ -224,6 +237,7 @@ class CStyleLanguage(Renderer):
     mutable: Set[UOp] = set()  # accumulators: expressions reading them must not be moved past a PHI
     # a gated vector load's alternative (a VECTORIZE of per-lane gated loads) is written inline, inside the ternary
     lazy = lazy_gated_alternatives(uops)
+    wrapping = wrapping_int_ops(uops)
 
     def emit(line: str) -> None:
       kernel.append("  " * depth + line)
@@ -270,7 +284,7 @@ class CStyleLanguage(Renderer):
           operands = [r[s] for s in src]
         if arg not in self.code_for_op:
           raise RenderError(f"{type(self).__name__} cannot render {arg}")
-        val = self.render_alu(u, operands)
+        val = self.render_wrapping_alu(u, operands) if u in wrapping else self.render_alu(u, operands)
         if dtype in _NARROW_INTS:
           # C computes narrow ints as int: truncate to the dtype, or the wider value leaks into the next inlined op
           val = f"(({self.render_dtype(dtype)})({strip_parens(val)}))"
