@@ -91,6 +91,29 @@ def test_avx512_panel_tile(one_thread: None) -> None:
   assert k.applied_opts[-1] == Opt(OptOps.SWAP, 0, 1), k.applied_opts
 
 
+def test_avx512_block_past_l2_takes_all_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+  """AVX-512: a block of a's rows that overflows L2 with its panel becomes one block of all rows (panels outermost,
+  shared out by the threads); a block that fits keeps its rows, and AVX2 keeps its blocks either way."""
+  monkeypatch.setattr("tiny_clang.matmul_panels.num_threads", lambda: 2)
+  # blocks of 16 rows (2 row tiles) of 128 floats: 8 KB, and the panel of 32 columns 16 KB
+  for name in ("BLOCK_BYTES", "AVX2_BLOCK_BYTES", "AVX512_BLOCK_BYTES"):
+    monkeypatch.setattr(f"tiny_clang.matmul_panels.{name}", 16 * 128 * 4)
+  for name in ("AVX2_MIN_BLOCK_ROWS", "AVX512_MIN_BLOCK_ROWS"):
+    monkeypatch.setattr(f"tiny_clang.matmul_panels.{name}", 16)
+  monkeypatch.setattr("tiny_clang.matmul_panels.AVX512_L2_BYTES", 24 * 1024)   # 8 + 16 KB fit
+  k, inputs, ref = _packed_kernel(64, 128, 256, 32, Avx512LikeRenderer())
+  assert k.applied_opts[-1] == Opt(OptOps.BLOCK, 0, 2), k.applied_opts
+  monkeypatch.setattr("tiny_clang.matmul_panels.AVX512_L2_BYTES", 16 * 1024)   # they do not
+  k, inputs, ref = _packed_kernel(64, 128, 256, 32, Avx512LikeRenderer())
+  assert k.applied_opts[-1] == Opt(OptOps.SWAP, 0, 1), k.applied_opts
+  got = run_kernel_on_python(k, inputs, (64, 256 // 32, 32)).reshape(64, 256)
+  np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-3)
+  k, _, _ = _packed_kernel(64, 128, 128, 32, Avx512LikeRenderer())             # 4 panels: too few for 2 threads
+  assert k.applied_opts[-1] == Opt(OptOps.BLOCK, 0, 2), k.applied_opts
+  k, _, _ = _packed_kernel(64, 128, 128, 16, Avx2LikeRenderer())
+  assert k.applied_opts[-1] == Opt(OptOps.BLOCK, 0, 4), k.applied_opts
+
+
 def test_panels_outermost_only_with_enough_panels(monkeypatch: pytest.MonkeyPatch) -> None:
   """The panel loop goes outermost only with SLICES_PER_THREAD panels per thread: the threads share out the outer loop."""
   monkeypatch.setattr("tiny_clang.matmul_panels.num_threads", lambda: 2)

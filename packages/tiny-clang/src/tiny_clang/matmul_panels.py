@@ -44,6 +44,13 @@ AVX2_MIN_BLOCK_ROWS = 256
 # rows 188-197; 1024²: 128 rows 176-196, 256 rows 184-204)
 AVX512_BLOCK_BYTES = 4 * 1024 * 1024
 AVX512_MIN_BLOCK_ROWS = 256
+# (32 registers: AVX-512) when a block of a's rows and its panel together pass this many bytes (the AVX-512 Xeon's L2),
+# the block streams from L3 for every panel anyway, and smaller blocks only pull every panel from L3 more often: all rows
+# then go in one block (panels outermost, shared out by the threads), so each panel is pulled once. A C harness of
+# tiny's kernels on that Xeon (2 threads together, CPU time per thread, loaded machine, 3 rounds): 2048², 256-row blocks
+# 145-159 GFLOP/s, 512 rows 153-170, all rows 166-179; 4096², 256 rows 147-150, all rows 159. 1024² keeps its blocks
+# (128 rows and the panel: 640 KB), which read a's rows from L2: all rows there measured the same within the noise
+AVX512_L2_BYTES = 2 * 1024 * 1024
 # below this many multiply-adds the copy into panels costs more than the product gains (a few microseconds of work)
 MIN_MACS = 1 << 21
 # rows of b that one block of the panel copy reads whole (see panel_copy_tile; 4 to 16 measured alike, 1 ~1.5x slower)
@@ -140,7 +147,10 @@ def panel_tile(k: Kernel, lanes: int, regs: int) -> bool:
   # half the register file holds accumulators: rows x vecs of them (AVX2: 4 x 2, AVX-512: 8 x 2)
   rows = next((r for r in (8, 4, 2) if r * vecs <= regs // 2 and m % r == 0), 1)
   threads = num_threads()
-  tiles = block_rows(regs, rows, k.full_shape[red] * k.bufs[0].dtype.itemsize, m, threads) // rows
+  row_bytes = k.full_shape[red] * k.bufs[0].dtype.itemsize
+  tiles = block_rows(regs, rows, row_bytes, m, threads) // rows
+  if regs > 16 and tiles * rows * row_bytes + width * row_bytes > AVX512_L2_BYTES and k.full_shape[panel] >= SLICES_PER_THREAD * threads:
+    tiles = m // rows   # (see AVX512_L2_BYTES) one block of all rows: the panel loop goes outermost below
   per_block = next((b for b in range(tiles, 1, -1) if (m // rows) % b == 0), 1)
   try:
     for step in ((width,) if width <= 16 else (16, width // 16)):
