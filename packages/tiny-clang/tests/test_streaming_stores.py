@@ -21,7 +21,8 @@ from tiny.ops import MetaOps
 from tiny.tensor import Tensor
 from tiny_clang.renderer import ClangRenderer
 from tiny_clang.settings import THREADS
-from tiny_clang.streaming_stores import LINE_BYTES, STREAM_MIN_BYTES, stream_min_bytes, streaming_stores
+from tiny_clang.streaming_stores import LINE_BYTES, PREFETCH_BYTES, STREAM_MIN_BYTES, prefetched_loads, stream_min_bytes, \
+  stream_prefetch_bytes, streaming_stores
 
 SMALL = 4096   # the test threshold: a buffer of 4 KB or more streams
 
@@ -30,6 +31,11 @@ rng = np.random.default_rng(0)
 
 def _marker(dev: str) -> str:
   return "vmovntps" if dev == "CLANG" else "!nontemporal"
+
+
+def _prefetches(src: str, dev: str) -> int:
+  """How many loads of a kernel's source prefetch ahead."""
+  return src.count("__builtin_prefetch(" if dev == "CLANG" else "call void @llvm.prefetch.p0(")
 
 
 @pytest.fixture(params=["CLANG", "LLVM"])
@@ -142,6 +148,39 @@ def test_output_at_unaligned_offset(dev: str, offset_elems: int) -> None:
   assert (got[:offset_elems] == -7).all() and (got[offset_elems + n:] == -7).all()
 
 
+@pytest.mark.parametrize("distance", [0, 2048, 1 << 20])
+def test_loads_prefetch_ahead(dev: str, distance: int, monkeypatch: pytest.MonkeyPatch) -> None:
+  """A streaming kernel prefetches each input's whole-vector loads `distance` bytes ahead (0: none). The inputs are
+  views ending at the end of their buffers, so the last prefetches point past them (even a MiB past): harmless, the
+  results match numpy at 1 and 2 threads."""
+  monkeypatch.setattr(Device[dev].renderer, "stream_prefetch_bytes", distance)   # part of the cache key
+  n = (1 << 14) + 48
+  an, bn, cn = (rng.standard_normal(n + 16).astype(np.float32) for _ in range(3))
+  for threads in (1, 2):
+    with THREADS.override(threads):
+      a, b, c = (_t(x, dev)[16:] for x in (an, bn, cn))
+      out = (a * b + c).relu()
+      srcs = _realize(out, dev)
+      got = out.numpy()
+    np.testing.assert_allclose(got, np.maximum(an[16:] * bn[16:] + cn[16:], 0), rtol=1e-6, atol=1e-6)
+    (src,) = [s for s in srcs if _marker(dev) in s]
+    assert _prefetches(src, dev) == (3 if distance else 0), src
+    if distance:
+      assert f"{distance}" in src
+
+
+def test_no_prefetch_without_streaming_stores(dev: str) -> None:
+  """A kernel whose output is under the streaming threshold, or a reduce, reads its inputs without prefetching."""
+  an = rng.standard_normal(512).astype(np.float32)
+  small = _t(an, dev) * 2
+  assert all(_prefetches(s, dev) == 0 for s in _realize(small, dev))
+  np.testing.assert_allclose(small.numpy(), an * 2)
+  bn = rng.standard_normal((64, 1024)).astype(np.float32)
+  red = _t(bn, dev).sum(axis=1)
+  assert all(_prefetches(s, dev) == 0 for s in _realize(red, dev))
+  np.testing.assert_allclose(red.numpy(), bn.sum(axis=1), rtol=1e-4)
+
+
 # *** which stores stream ***
 
 def _uops(out: Tensor, renderer: Any) -> List[Any]:
@@ -176,6 +215,27 @@ def test_reductions_and_half_outputs_do_not_stream() -> None:
   assert streaming_stores(_uops(a.sum(axis=1), r), 1) == set()  # 16 KB out, scalar or narrow stores
   h = Tensor.empty(1 << 20, device="CLANG", dtype=dtypes.float16)
   assert streaming_stores(_uops(h + 1, r), 1) == set()
+
+
+def test_prefetched_loads_follow_the_streaming_stores() -> None:
+  """Only a kernel with streaming stores prefetches, only whole-line loads, and only ungated ones (a padded input's
+  load may read nothing)."""
+  r = _x86_avx512_renderer()
+  a, b = Tensor.empty(1 << 20, device="CLANG"), Tensor.empty(1 << 20, device="CLANG")
+  uops = _uops(a * b, r)
+  loads = {u for u in uops if u.op.name == "LOAD"}
+  streams = streaming_stores(uops, 4 << 20)
+  assert len(loads) == 2 and prefetched_loads(uops, streams, 2048) == loads
+  assert prefetched_loads(uops, set(), 2048) == set()        # no streaming store, no prefetch
+  assert prefetched_loads(uops, streams, 0) == set()
+  padded = _uops(a.pad(((16, 16),)) * 2, r)                  # the loads at the edges are gated
+  gated = {u for u in padded if u.op.name == "LOAD" and len(u.src) >= 4 and u.src[2].op.name != "BARRIER"}
+  assert gated and not (prefetched_loads(padded, streaming_stores(padded, 1), 2048) & gated)
+
+
+def test_stream_prefetch_bytes_by_threshold() -> None:
+  assert stream_prefetch_bytes(0) == 0                       # a host that never streams never prefetches either
+  assert stream_prefetch_bytes(16 << 20) == PREFETCH_BYTES
 
 
 def test_stream_min_bytes_by_host() -> None:

@@ -19,7 +19,7 @@ from tiny.backend import BinaryOps, DType, Kernel, PtrDType, Renderer, TernaryOp
 from tiny_clang.heuristics import cpu_hand_coded_optimizations
 from tiny_clang.conv_padding import pads_conv_input
 from tiny_clang.matmul_panels import panel_width
-from tiny_clang.streaming_stores import stream_min_bytes, streaming_stores
+from tiny_clang.streaming_stores import prefetched_loads, stream_min_bytes, stream_prefetch_bytes, streaming_stores
 from tiny_clang.tile_loops import UNROLL_TILE, tile_loops
 from tiny_clang.renderer import _cpu_flags, _loop_structure, _only_through, host_simd_bytes, host_simd_registers
 
@@ -112,6 +112,7 @@ class LLVMRenderer(Renderer):
     self.simd_bytes = host_simd_bytes()
     self.simd_registers = host_simd_registers(self.simd_bytes)
     self.stream_min_bytes = stream_min_bytes(self.simd_bytes, _cpu_flags())   # tiny_clang.streaming_stores
+    self.stream_prefetch_bytes = stream_prefetch_bytes(self.stream_min_bytes)
 
   def hand_coded_optimizations(self, k: Kernel) -> bool:
     """The host CPU's tiling heuristic (tiny_clang.heuristics) instead of core's device-neutral one."""
@@ -126,13 +127,13 @@ class LLVMRenderer(Renderer):
     return pads_conv_input(self.simd_bytes, padded_spatial, dtype)
 
   def render(self, name: str, uops: List[UOp]) -> str:
-    return _Builder(to_function_name(name), list(uops), self.stream_min_bytes).build()
+    return _Builder(to_function_name(name), list(uops), self.stream_min_bytes, self.stream_prefetch_bytes).build()
 
 
 class _Builder:
   """One render: the IR lines, the value of each uop, the current block."""
 
-  def __init__(self, name: str, uops: List[UOp], stream_min_bytes: int = 0):
+  def __init__(self, name: str, uops: List[UOp], stream_min_bytes: int = 0, prefetch_bytes: int = 0):
     self.name, self.uops = name, uops
     self.lines: List[str] = []
     self.allocas: List[str] = []
@@ -155,6 +156,9 @@ class _Builder:
     # non-temporal stores of large outputs (tiny_clang.streaming_stores); the metadata node they carry, once emitted
     self.streams = streaming_stores(uops, stream_min_bytes)
     self.nontemporal_md: Optional[str] = None
+    # and the loads such a kernel prefetches prefetch_bytes ahead of
+    self.prefetch_bytes = prefetch_bytes
+    self.prefetches = prefetched_loads(uops, self.streams, prefetch_bytes)
 
   # *** helpers ***
 
@@ -418,6 +422,10 @@ class _Builder:
       self.label(f"ldj{n}")
       return self.ins(f"phi {ltype(dt)} [{v}, %{after}], [{alt}, %{before}]")
     p = self.gep(buf, u.src[1])
+    if u in self.prefetches:
+      # a plain (not inbounds) step: the address ahead may lie past the end of the buffer, which the prefetch ignores
+      self.decls.add("declare void @llvm.prefetch.p0(ptr, i32, i32, i32)")
+      self.emit(f"call void @llvm.prefetch.p0(ptr {self.ins(f'getelementptr i8, ptr {p}, i64 {self.prefetch_bytes}')}, i32 0, i32 3, i32 1)")
     return self.from_mem(self.ins(f"load {mtype(dt)}, ptr {p}, align {align}"), dt)
 
   def from_mem(self, v: str, dt: DType) -> str:

@@ -26,7 +26,7 @@ from tiny.backend import BinaryOps, CStyleLanguage, DType, Kernel, PtrDType, Ren
 from tiny_clang.heuristics import cpu_hand_coded_optimizations
 from tiny_clang.conv_padding import pads_conv_input
 from tiny_clang.matmul_panels import panel_width
-from tiny_clang.streaming_stores import stream_min_bytes, streaming_stores
+from tiny_clang.streaming_stores import prefetched_loads, stream_min_bytes, stream_prefetch_bytes, streaming_stores
 from tiny_clang.tile_loops import UNROLL_TILE, tile_loops
 from tiny_clang.vmath import exp2_source, log2_source
 
@@ -184,10 +184,12 @@ class ClangRenderer(CStyleLanguage):
     # state must not be a plain attribute: those are the renderer's cache key
     self._streaming: List[bool] = []
     self._streams: Set[UOp] = set()      # the STORE uops behind _streaming (render_kernel ends with an sfence when any)
+    self._prefetching: List[bool] = []   # per LOAD uop, in order: prefetched stream_prefetch_bytes ahead
     self.simd_bytes = host_simd_bytes()
     self._x86 = platform.machine().lower() in ("x86_64", "amd64")
     self.simd_registers = host_simd_registers(self.simd_bytes)
     self.stream_min_bytes = stream_min_bytes(self.simd_bytes, _cpu_flags())
+    self.stream_prefetch_bytes = stream_prefetch_bytes(self.stream_min_bytes)
 
   def hand_coded_optimizations(self, k: Kernel) -> bool:
     """The host CPU's tiling heuristic (tiny_clang.heuristics) instead of core's device-neutral one."""
@@ -259,7 +261,12 @@ class ClangRenderer(CStyleLanguage):
     return f"{vec}[{idx}]"
 
   def render_load(self, output_dtype: DType, buf_name: str, buf_dtype: DType, idx: str, local: bool = False) -> str:
+    prefetch = self._prefetching.pop(0) if self._prefetching else False
     kind = _f16kind(buf_dtype)
+    if kind is None and prefetch:
+      # through an integer: the address ahead may lie past the end of the buffer, which prefetcht0 ignores
+      ahead = f"__builtin_prefetch((const void*)((__UINTPTR_TYPE__)({buf_name}+({idx}))+{self.stream_prefetch_bytes}))"
+      return f"({{ {ahead}; {super().render_load(output_dtype, buf_name, buf_dtype, idx, local)}; }})"
     if kind is None:
       return super().render_load(output_dtype, buf_name, buf_dtype, idx, local)
     conv = _F16[kind][1]
@@ -298,6 +305,8 @@ class ClangRenderer(CStyleLanguage):
     self._bitcast_srcs = [cast(DType, u.src[0].dtype) for u in uops if u.op is UOps.BITCAST]
     self._streams = streaming_stores(uops, self.stream_min_bytes)
     self._streaming = [u in self._streams for u in uops if u.op is UOps.STORE]
+    prefetched = prefetched_loads(uops, self._streams, self.stream_prefetch_bytes)
+    self._prefetching = [u in prefetched for u in uops if u.op is UOps.LOAD]
     self._uops = uops
     return super().render(name, uops)
 
