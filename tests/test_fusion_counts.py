@@ -13,7 +13,7 @@ import pytest
 
 import tiny_nn as nn
 from tiny.engine.realize import run_schedule
-from tiny.ops import MetaOps
+from tiny.ops import BinaryOps, MetaOps
 from tiny.tensor import Tensor
 from tiny_nn import optim
 
@@ -215,3 +215,24 @@ def test_large_broadcast_of_a_fresh_buffer_gets_its_own_kernel() -> None:
   hn = emb[tok] + posn
   ref = (hn - hn.mean(-1, keepdims=True)) / np.sqrt(hn.var(-1, keepdims=True) + 1e-5) @ wn
   np.testing.assert_allclose(out.numpy(), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_max_pool_input_gradient_is_written_once() -> None:
+  """BatchNorm-like per-channel scale and shift before a 2x2 max pool: the gradients of the scale and the shift are two
+  reductions over the pool's input gradient. That gradient (a compare with the window max, a count, the pooled gradient
+  spread over the window) is computed in one kernel, which both reductions read, and the values match torch's."""
+  xn, sn, bn, gn = data(2, 3, 6, 6), data(1, 3, 1, 1, seed=1), data(1, 3, 1, 1, seed=2), data(2, 3, 3, 3, seed=3)
+  x = Tensor(xn)
+  s, b = Tensor(sn, requires_grad=True), Tensor(bn, requires_grad=True)
+  ((x * s + b).max_pool2d() * Tensor(gn)).sum().backward()
+  assert s.grad is not None and b.grad is not None
+  sched = Tensor.schedule(s.grad, b.grad)
+  kernels = [si for si in sched if si.ast.op is MetaOps.KERNEL]
+  # the compare with the window max is in two kernels: the count of maxima per window (a reduce of its own) and the
+  # gradient itself; left lazy, the gradient was recomputed inside each of the two reductions (3 kernels)
+  assert len([si for si in kernels if any(op.op is BinaryOps.CMPNE for op in si.ast.lazyops)]) == 2
+  run_schedule(sched)
+  ts, tb = torch.tensor(sn, requires_grad=True), torch.tensor(bn, requires_grad=True)
+  (torch.nn.functional.max_pool2d(torch.tensor(xn) * ts + tb, 2) * torch.tensor(gn)).sum().backward()
+  np.testing.assert_allclose(s.grad.numpy(), ts.grad.numpy(), rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(b.grad.numpy(), tb.grad.numpy(), rtol=1e-5, atol=1e-5)
