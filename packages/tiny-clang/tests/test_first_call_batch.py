@@ -57,6 +57,35 @@ def test_file_scope_reads_rendered_kernels() -> None:
   assert half is not None and half.macros == ("tiny_h2f",)
 
 
+def test_file_scope_reads_attributes_before_a_definition() -> None:
+  # the renderer puts min_vector_width on 512-bit kernels: such a kernel must still join a batch, not compile alone
+  wide = scale_kernel(2.0).replace("void k(", "__attribute__((min_vector_width(512))) void k(")
+  sc = file_scope(wide)
+  assert sc is not None and set(sc.exported) == {"k", "k_entry", "k_parallel"}
+  quiet = file_scope("static __attribute__((noinline)) float h(float x) { return x; }\n"
+                     "__attribute__((aligned(64))) static float buf[16];\n" + scale_kernel(1.0))
+  assert quiet is not None and {"h", "buf"} <= set(quiet.names) and not {"h", "buf"} & set(quiet.exported)
+
+
+def test_compile_many_batches_attributed_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+  comp = ClangCompiler()
+  if comp.ld is None:
+    pytest.skip("no direct linker here: compile_many compiles one source at a time")
+  runs: List[List[str]] = []
+  real = cc_mod._run_to_bytes
+
+  def spy(cmd, src, pass_fds=()):   # type: ignore[no-untyped-def]
+    runs.append(cmd)
+    return real(cmd, src, pass_fds)
+  monkeypatch.setattr(cc_mod, "_run_to_bytes", spy)
+  srcs = [scale_kernel(2.0 + i).replace("void k(", "__attribute__((min_vector_width(512))) void k(") for i in range(3)]
+  libs = comp.compile_many(srcs)
+  assert sum(1 for cmd in runs if cmd[0] == comp.cc[0]) == 1, "one compiler process for the whole batch"
+  for i, lib in enumerate(libs):
+    assert lib is not None
+    np.testing.assert_array_equal(run_kernel("k", lib, X), X * np.float32(2.0 + i))
+
+
 def test_batch_source_renames_each_kernel_apart() -> None:
   srcs = [scale_kernel(2.0), scale_kernel(3.0)]
   tu = batch_source(srcs, [file_scope(s) for s in srcs])   # type: ignore[misc]

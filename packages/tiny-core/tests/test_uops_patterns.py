@@ -124,3 +124,28 @@ def test_graph_rewrite_is_fast_on_wide_graphs() -> None:
   st = time.perf_counter()
   graph_rewrite(UOp(UOps.SINK, None, (tot,)), constant_folder)
   assert time.perf_counter() - st < 2.0
+
+
+def test_uop_fields_are_read_only_and_copyable() -> None:
+  # UOp fills its fields itself (faster than the frozen dataclass __init__): still frozen, replace() and pickle still work
+  import dataclasses
+  import pickle
+  x = UOp(UOps.ALU, F32, (v("a", F32), v("b", F32)), BinaryOps.ADD)
+  try:
+    x.op = UOps.CONST   # type: ignore[misc]
+    raise AssertionError("a UOp field could be set")
+  except dataclasses.FrozenInstanceError:
+    pass
+  y = dataclasses.replace(x, arg=BinaryOps.MUL)
+  assert y.op is UOps.ALU and y.dtype == F32 and y.src is x.src and y.arg is BinaryOps.MUL
+  z = pickle.loads(pickle.dumps(x))
+  assert z.op is UOps.ALU and z.arg is BinaryOps.ADD and [s.arg for s in z.src] == ["a", "b"]
+  assert UOp(UOps.SINK).src == () and UOp(UOps.SINK).dtype is None and UOp(UOps.SINK).arg is None
+
+
+def test_graph_rewrite_keeps_uops_with_unhashable_args_apart() -> None:
+  # an arg that cannot be hashed keeps its uop out of the structural merge instead of failing the rewrite
+  a, b = UOp(UOps.NOOP, I32, (), [1]), UOp(UOps.NOOP, I32, (), [1])
+  c, d = UOp(UOps.NOOP, I32, (), (1,)), UOp(UOps.NOOP, I32, (), (1,))
+  out = graph_rewrite(UOp(UOps.SINK, None, (a, b, c, d)), PatternMatcher([]))
+  assert out.src[0] is not out.src[1] and out.src[0].arg == [1] and out.src[2] is out.src[3]

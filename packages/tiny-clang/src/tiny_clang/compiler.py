@@ -138,8 +138,11 @@ def _link_shared(ld: str, obj: bytes) -> Optional[bytes]:
 
 _DIRECTIVE = re.compile(r"#\s*(\w+)\s*(\w*)")
 _TYPEDEF = re.compile(r"typedef\s+[^;()]*?\b([A-Za-z_]\w*)\s*(?:__attribute__\s*\(\(.*\)\))?\s*;\s*$")
-_FUNCTION = re.compile(r"(static\s+)?[A-Za-z_][\w\s*]*?\b([A-Za-z_]\w*)\s*\(.*\)\s*\{")
-_VARIABLE = re.compile(r"(static\s+)?[A-Za-z_][\w\s*]*?\b([A-Za-z_]\w*)\s*(?:\[[^\]]*\]\s*)*(?:=.*)?;\s*$")
+# a definition may start with GNU attributes (the renderer puts `__attribute__((min_vector_width(512)))` on 512-bit kernels):
+# arguments nest one level of parentheses deep at most, and `static` may come before or after them
+_ATTRS = r"(?:__attribute__\s*\(\((?:[^()]|\([^()]*\))*\)\)\s*)*"
+_FUNCTION = re.compile(_ATTRS + r"(static\s+)?" + _ATTRS + r"[A-Za-z_][\w\s*]*?\b([A-Za-z_]\w*)\s*\(.*\)\s*\{")
+_VARIABLE = re.compile(_ATTRS + r"(static\s+)?" + _ATTRS + r"[A-Za-z_][\w\s*]*?\b([A-Za-z_]\w*)\s*(?:\[[^\]]*\]\s*)*(?:=.*)?;\s*$")
 # preprocessor lines a kernel may hold at file scope; anything else (#include, #line, ...) keeps the source out of a batch
 _PASSIVE_DIRECTIVES = {"if", "ifdef", "ifndef", "elif", "else", "endif", "pragma", "error", "warning", "undef"}
 

@@ -133,6 +133,15 @@ class UOp:
   src: Tuple[UOp, ...] = tuple()
   arg: Any = None
 
+  # a first call builds ~100k uops: filling the instance dict directly costs half of the frozen dataclass __init__, which
+  # goes through object.__setattr__ once per field. The fields stay read-only: setting one still raises.
+  def __init__(self, op: UOps, dtype: Optional[DType] = None, src: Tuple[UOp, ...] = (), arg: Any = None) -> None:
+    d = self.__dict__
+    d["op"] = op
+    d["dtype"] = dtype
+    d["src"] = src
+    d["arg"] = arg
+
   # *** construction helpers ***
 
   @staticmethod
@@ -561,15 +570,16 @@ def graph_rewrite(sink: UOp, pm: PatternMatcher) -> UOp:
     # `new_src == n.src` is "every source is the same object"
     new_src = tuple([rw(s) for s in n.src])
     arg = n.arg
+    # floats by repr (keeps -0.0 apart from 0.0 and lets nan dedup), bools apart from the ints 0 and 1; inline, not a
+    # helper call, because this runs for every node of every rewrite
+    key: Any = (n.op, n.dtype, tuple(map(id, new_src)),
+                ("f", repr(arg)) if isinstance(arg, float) else ("b", arg) if isinstance(arg, bool) else arg)
     try:
-      # floats by repr (keeps -0.0 apart from 0.0 and lets nan dedup), bools apart from the ints 0 and 1; inline, not a
-      # helper call, because this runs for every node of every rewrite
-      key: Any = (n.op, n.dtype, tuple(map(id, new_src)),
-                  ("f", repr(arg)) if isinstance(arg, float) else ("b", arg) if isinstance(arg, bool) else arg)
-      hash(key)
+      # the lookup is the hashability test too: a tuple does not keep its hash, so a separate hash() computed it twice
+      c = canon.get(key)
     except TypeError:
-      key = None
-    if key is not None and (c := canon.get(key)) is not None:
+      key = c = None
+    if c is not None:
       done[n] = c
       return c
     nn = n if new_src == n.src else UOp(n.op, n.dtype, new_src, n.arg)
