@@ -35,7 +35,8 @@ class _BufferUse:
 
   def __init__(self, buf: Buffer) -> None:
     self.buf = buf
-    buf.ref(1)
+    # buf.ref(1), inline: one per realized base
+    (buf._base if buf._base is not None else buf)._lb_refcount += 1
 
   def __del__(self) -> None:
     buf = self.buf
