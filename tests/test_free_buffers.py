@@ -153,3 +153,20 @@ def test_direct_call_refuses_a_raw_int_address(device: str) -> None:
   buf = x.lazydata.buffer
   # a raw address would reach C as a 32-bit int: the direct call declines, the argument array path converts it
   assert not plan.direct(ctypes.addressof(buf._buf), ctypes.addressof(buf._buf))
+
+
+def test_a_kept_buffer_dropped_any_way_leaves_mem_used_right(device: str) -> None:
+  """A kept list lost without drop_free_buffers (another thread replaced or drained it) frees its Buffers through their
+  own __del__, which must not count their memory free a second time."""
+  x = Tensor(np.arange(73, dtype=np.float32), device=device).realize()
+  _warm(x)
+  gc.collect()
+  before = GlobalCounters.mem_used
+  y = (x * 1.5 + 0.25).realize()
+  del y
+  key = (Device[device].allocator, 73 * 4)
+  assert device_mod._free_buffers.get(key)
+  lost = device_mod._free_buffers.pop(key)
+  assert GlobalCounters.mem_used == before
+  del lost
+  assert GlobalCounters.mem_used == before

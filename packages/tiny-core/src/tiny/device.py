@@ -210,6 +210,8 @@ class Buffer:
 
   # True once allocate() got memory from the allocator, which __del__ gives back (adopted and view memory is not)
   _owned = False
+  # True while kept for reuse (see recycle_buffer): its memory counts as free in GlobalCounters.mem_used
+  _kept = False
 
   def __reduce__(self) -> Tuple[Any, ...]:
     # pickling carries the contents (when allocated) so a buffer can cross process boundaries
@@ -232,7 +234,7 @@ class Buffer:
       return
     try:
       nbytes = self.size * self.dtype.itemsize
-      if not self.device.startswith("DISK"):
+      if not self._kept and not self.device.startswith("DISK"):   # (a kept buffer's memory already counts as free)
         GlobalCounters.mem_used -= nbytes
       self.allocator.free(self._buf, nbytes, self.options)
     except Exception:  # interpreter shutdown: the module globals may already be gone
@@ -320,9 +322,12 @@ def recycle_buffer(buf: Buffer) -> None:
   if (lst := _free_buffers.get(key)) is None:
     if len(_free_buffers) >= _FREE_MAX_KEYS:
       drop_free_buffers()
-    lst = _free_buffers[key] = []
+    lst = _free_buffers.setdefault(key, [])   # (one step: another thread may be adding the same key)
   if len(lst) >= _FREE_PER_KEY:
     return
+  # marked first: should the list be dropped by another thread at any point, the Buffer's __del__ knows its memory
+  # counts as free already
+  buf._kept = True
   GlobalCounters.mem_used -= nbytes
   lst.append(buf)
 
@@ -344,6 +349,7 @@ def take_free_buffer(allocator: Allocator, size: int, dtype: DType) -> Optional[
     return None
   if buf.dtype is not dtype:
     buf.size, buf.dtype = size, dtype
+  buf._kept = False
   GlobalCounters.mem_used = used = GlobalCounters.mem_used + nbytes
   if used > GlobalCounters.mem_peak:
     GlobalCounters.mem_peak = used
@@ -360,13 +366,9 @@ def _take_free_memory(allocator: Allocator, nbytes: int) -> Any:
 
 def drop_free_buffers() -> None:
   """Let every kept Buffer go (back to its allocator): when memory runs short, or to start from a clean state."""
+  # each one's __del__ frees its memory (and, as it is marked kept, leaves mem_used alone)
   while _free_buffers:
-    _, lst = _free_buffers.popitem()
-    while lst:
-      buf = lst.pop()
-      # it counts as used again, so that its __del__, which frees it, leaves the count where it was
-      GlobalCounters.mem_used += buf.size * buf.dtype.itemsize
-      del buf
+    _free_buffers.popitem()[1].clear()
 
 
 # **************** allocators ****************
