@@ -336,9 +336,13 @@ def _pop_free(allocator: Allocator, nbytes: int) -> Optional[Buffer]:
   if (lst := _free_buffers.get((allocator, nbytes))) is None:
     return None
   try:
-    return lst.pop()   # (another thread may have emptied the list since the lookup)
+    buf = lst.pop()   # (another thread may have emptied the list since the lookup)
   except IndexError:
     return None
+  # memory handed out again: an LRU allocator counts it as one of its cache hits, as if it had come back through it
+  if (hits := getattr(allocator, "hits", None)) is not None:
+    allocator.hits = hits + 1   # type: ignore[attr-defined]
+  return buf
 
 
 def take_free_buffer(allocator: Allocator, size: int, dtype: DType) -> Optional[Buffer]:
