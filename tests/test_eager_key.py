@@ -206,3 +206,23 @@ def test_realized_result_does_not_hold_its_inputs() -> None:
   gc.collect()
   assert ref() is None, "a realized result keeps its input alive"
   assert math.isfinite(float(z.numpy()[0]))
+
+
+def test_contiguous_reads_key_by_shape_and_other_views_by_tracker(monkeypatch: pytest.MonkeyPatch) -> None:
+  """A realized x read through a contiguous tracker keys by its shape (whatever tracker object it is): a whole base, the
+  head of a larger base, a result; a strided or offset read of the same shape must get an id of its own. Bit for bit
+  what the full path (no eager ids) gives, and close to numpy (the kernel may fuse the multiply-add)."""
+  from tiny.engine import realize
+  big = np.random.default_rng(3).standard_normal(32).astype(np.float32)
+  b = _t(big)
+  whole = _t(big[:16].copy())
+  reads = [("whole", whole, big[:16]), ("head", b.shrink(((0, 16),)), big[:16]), ("tail", b.shrink(((16, 32),)), big[16:]),
+           ("strided", b.reshape(16, 2)[:, 1], big.reshape(16, 2)[:, 1]), ("result", (whole * 2.0).realize(), big[:16] * 2)]
+  with monkeypatch.context() as m:
+    m.setattr(realize, "realize_eager", lambda lb: False)
+    full = {name: (x * 1.25 + 0.5).realize().numpy() for name, x, _ in reads}
+  for _ in range(3):
+    for name, x, a in reads:
+      got = (x * 1.25 + 0.5).realize().numpy()
+      assert got.tobytes() == full[name].tobytes(), name
+      np.testing.assert_allclose(got, a * np.float32(1.25) + np.float32(0.5), rtol=1e-6, err_msg=name)

@@ -90,14 +90,21 @@ class CPUProgram:
   def direct(self, *bufs: Any) -> bool:
     """Run a kernel without Variables on one core, calling the kernel function with the buffers themselves: no argument
     array, no pool. False, having done nothing, where that is not how the next call would run (the core count is not
-    settled yet, or it would use several cores) or the kernel function is unknown."""
-    if (auto := self.auto_threads) is None or not self.fn_addr:
-      return False
-    if self.parallel and ((t := THREADS.value) > 1 or (t <= 0 and auto > 1)):   # what threads() would say, inline
-      return False
+    settled yet, or it would use several cores), the kernel function is unknown, or a buffer is not a ctypes array."""
     if (fn := self._direct_fn) is None:
-      # a kernel always takes the same buffers: one prototype per program
-      fn = self._direct_fn = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * len(bufs)), ctypes.c_int, ctypes.c_int)(self.fn_addr)
+      if self.auto_threads is None or not self.fn_addr:
+        return False
+      # no argument types: ctypes then passes each array as a pointer to its data and the two ints as C ints, which is the
+      # kernel's signature (`NAME(ptr, ..., int core, int ncores)`), without converting each array to a c_void_p on every
+      # call, which took most of the call's time. Made once the core count is settled (it stays settled)
+      fn = self._direct_fn = ctypes.CFUNCTYPE(None)(self.fn_addr)
+    if self.parallel and ((t := THREADS.value) > 1 or (t <= 0 and (self.auto_threads or 0) > 1)):   # what threads() would say, inline
+      return False
+    for b in bufs:
+      # a raw int address would go to C as a 32-bit int: it takes the argument-array path, which converts it. (Allocators
+      # here hand out ctypes arrays; isinstance with the ctypes Array type goes through its metaclass, three times slower)
+      if isinstance(b, int):
+        return False
     fn(*bufs, 0, 1)
     return True
 

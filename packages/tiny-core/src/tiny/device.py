@@ -8,9 +8,11 @@ allocated lazily, so building a schedule never touches device memory.
 from __future__ import annotations
 
 import ctypes
+import sys
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, DefaultDict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, ClassVar, DefaultDict, Dict, List, Optional, Sequence, Tuple
+from weakref import getweakrefcount
 
 from tiny import helpers
 from tiny.capabilities import DeviceCaps
@@ -193,7 +195,11 @@ class Buffer:
     if opaque is not None:
       self._buf = opaque
     else:
-      self._buf = self.allocator.alloc(nbytes := self.size * self.dtype.itemsize, self.options)
+      nbytes = self.size * self.dtype.itemsize
+      # the memory of a kept eager result of this size, if any (see recycle_buffer), else the allocator's
+      if not _free_buffers or self.options is not None or (mem := _take_free_memory(self.allocator, nbytes)) is None:
+        mem = self.allocator.alloc(nbytes, self.options)
+      self._buf = mem
       if not self.device.startswith("DISK"):
         GlobalCounters.mem_used = used = GlobalCounters.mem_used + nbytes
         if used > GlobalCounters.mem_peak:
@@ -204,6 +210,8 @@ class Buffer:
 
   # True once allocate() got memory from the allocator, which __del__ gives back (adopted and view memory is not)
   _owned = False
+  # True while kept for reuse (see recycle_buffer): its memory counts as free in GlobalCounters.mem_used
+  _kept = False
 
   def __reduce__(self) -> Tuple[Any, ...]:
     # pickling carries the contents (when allocated) so a buffer can cross process boundaries
@@ -226,7 +234,7 @@ class Buffer:
       return
     try:
       nbytes = self.size * self.dtype.itemsize
-      if not self.device.startswith("DISK"):
+      if not self._kept and not self.device.startswith("DISK"):   # (a kept buffer's memory already counts as free)
         GlobalCounters.mem_used -= nbytes
       self.allocator.free(self._buf, nbytes, self.options)
     except Exception:  # interpreter shutdown: the module globals may already be gone
@@ -283,6 +291,90 @@ class Buffer:
     return Buffer(self.device, size, dtype, base=self, offset=offset)
 
 
+# **************** free eager results ****************
+
+# Small buffers whose last user died, kept whole (the Buffer object and its memory) by allocator and byte size, for the
+# next eager result like them: an eager loop frees one result per op and makes another just like it, and building,
+# allocating and freeing a Buffer cost more than its kernel. Only a Buffer nothing else can reach is kept (see
+# recycle_buffer), so one handed out again is never one that a tensor, a view, a JIT, a schedule or a cache still holds.
+# Their memory counts as free (GlobalCounters.mem_used), as in the allocator's LRU cache, and any allocation of that
+# size takes it (Buffer.allocate), so keeping them never makes the allocator get more memory. LRU=0 keeps none.
+_free_buffers: Dict[Tuple[Allocator, int], List[Buffer]] = {}
+FREE_BUFFER_MAX_BYTES = 1 << 16
+_FREE_PER_KEY = 4
+_FREE_MAX_KEYS = 64
+_KEEP_FREE = bool(getenv("LRU", 1))
+# references a Buffer that nothing else holds has in recycle_buffer: the caller's two (the _BufferUse's attribute and
+# its local), recycle_buffer's argument and getrefcount's own
+_ONLY_OURS = 4
+
+
+def recycle_buffer(buf: Buffer) -> None:
+  """Keep buf, whose LazyBuffer count just fell to 0, for take_free_buffer when nothing else can reach it: a plain
+  allocated base Buffer of its own memory (not adopted, no options, not on disk), small, no weak reference (a cache keyed
+  by it), and no other reference at all (sys.getrefcount); else it is left to die as usual. Called by
+  lazy._BufferUse.__del__ only."""
+  if buf.__class__ is not Buffer or not buf._owned or buf.options is not None or buf._base is not None or not _KEEP_FREE or \
+      (nbytes := buf.size * buf.dtype.itemsize) > FREE_BUFFER_MAX_BYTES or getweakrefcount(buf) or \
+      sys.getrefcount(buf) != _ONLY_OURS or buf.device.startswith("DISK"):
+    return
+  key = (buf.allocator, nbytes)
+  if (lst := _free_buffers.get(key)) is None:
+    if len(_free_buffers) >= _FREE_MAX_KEYS:
+      drop_free_buffers()
+    lst = _free_buffers.setdefault(key, [])   # (one step: another thread may be adding the same key)
+  if len(lst) >= _FREE_PER_KEY:
+    return
+  # marked first: should the list be dropped by another thread at any point, the Buffer's __del__ knows its memory
+  # counts as free already
+  buf._kept = True
+  GlobalCounters.mem_used -= nbytes
+  lst.append(buf)
+
+
+def _pop_free(allocator: Allocator, nbytes: int) -> Optional[Buffer]:
+  if (lst := _free_buffers.get((allocator, nbytes))) is None:
+    return None
+  try:
+    buf = lst.pop()   # (another thread may have emptied the list since the lookup)
+  except IndexError:
+    return None
+  # memory handed out again: an LRU allocator counts it as one of its cache hits, as if it had come back through it
+  if (hits := getattr(allocator, "hits", None)) is not None:
+    allocator.hits = hits + 1   # type: ignore[attr-defined]
+  return buf
+
+
+def take_free_buffer(allocator: Allocator, size: int, dtype: DType) -> Optional[Buffer]:
+  """A kept Buffer (allocated, no LazyBuffer using it) of this allocator holding size elements of dtype; None when there
+  is none. The caller makes it the buffer of a base of that device, size and dtype."""
+  # by bytes: memory of the same length serves any dtype (and the key needs no DType hash, a Python call)
+  if (buf := _pop_free(allocator, nbytes := size * dtype.itemsize)) is None:
+    return None
+  if buf.dtype is not dtype:
+    buf.size, buf.dtype = size, dtype
+  buf._kept = False
+  GlobalCounters.mem_used = used = GlobalCounters.mem_used + nbytes
+  if used > GlobalCounters.mem_peak:
+    GlobalCounters.mem_peak = used
+  return buf
+
+
+def _take_free_memory(allocator: Allocator, nbytes: int) -> Any:
+  """The memory of a kept Buffer of this allocator and size (the kept Buffer is dropped without freeing it); None if none."""
+  if (buf := _pop_free(allocator, nbytes)) is None:
+    return None
+  buf._owned = False
+  return buf._buf
+
+
+def drop_free_buffers() -> None:
+  """Let every kept Buffer go (back to its allocator): when memory runs short, or to start from a clean state."""
+  # each one's __del__ frees its memory (and, as it is marked kept, leaves mem_used alone)
+  while _free_buffers:
+    _free_buffers.popitem()[1].clear()
+
+
 # **************** allocators ****************
 
 class Allocator:
@@ -333,6 +425,7 @@ class LRUAllocator(Allocator):
     try:
       return super().alloc(size, options)
     except (RuntimeError, MemoryError):
+      drop_free_buffers()
       self.free_cache()
       return super().alloc(size, options)
 

@@ -18,11 +18,12 @@ from __future__ import annotations
 import itertools
 from typing import Any, Dict, Optional, Tuple
 
-from tiny.dtype import ImageDType
+from tiny.dtype import ImageDType, dtypes
 
 # structure -> id. Ids come from a counter and are never reused, so clearing the table when it is full can never make
 # an old id stand for a new structure (a node still holding an old id only misses)
 _MAX_IDS = 1 << 16
+_F32 = dtypes.float32
 _ids: Dict[Tuple[Any, ...], int] = {}
 _next_id = itertools.count(1)
 
@@ -59,7 +60,13 @@ def scalar_op_id(ret: Any, x: Any, xb: Any, tag: str, val: Any) -> None:
   # arg_key(val), inline: it runs for every scalar op
   av = val if val.__class__ is not float else (("f", repr(val)) if val == 0 or val != val else ("f", val))
   if not hasattr(xb, "srcs"):
-    key: Tuple[Any, ...] = ("s", tag, av, -1, xb.dtype, x.st)
+    # x read through a contiguous tracker (one view, no offset or mask: read as laid out, the same kernel whatever else
+    # the tracker holds) keys by its shape, and float32 (by identity) by a 0: no ShapeTracker or DType hash, both Python
+    # calls. The usual x is a result read whole, whose tracker is the very object ret gets (one per shape), so even the
+    # contiguous check is skipped. Any other x keys by its tracker and dtype, never equal to a shape or a 0 (an x whose
+    # dtype equals float32 but is another object only gets an id of its own)
+    dt, st = xb.dtype, x.st
+    key: Tuple[Any, ...] = ("s", tag, av, -1, 0 if dt is _F32 else dt, x.shape if st is ret.st or st.contiguous else st)
     leaves: Tuple[Any, ...] = (xb,)
   else:
     ek = xb._ekey

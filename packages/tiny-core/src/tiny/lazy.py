@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 from weakref import ReferenceType, ref
 
 from tiny import eager_key
-from tiny.device import Buffer
+from tiny.device import Buffer, recycle_buffer, take_free_buffer
 from tiny.dtype import ConstType, DType, dtypes
 from tiny.helpers import DEBUG, SPLIT_REDUCEOP, _METADATA, Metadata, all_int, all_same, getenv, prod
 from tiny.ops import BinaryOps, MetaOps, Op, ReduceOps, TernaryOps, UnaryOps, exec_alu, python_alu
@@ -35,10 +35,18 @@ class _BufferUse:
 
   def __init__(self, buf: Buffer) -> None:
     self.buf = buf
-    buf.ref(1)
+    # buf.ref(1), inline: one per realized base
+    (buf._base if buf._base is not None else buf)._lb_refcount += 1
 
   def __del__(self) -> None:
-    self.buf.ref(-1)
+    buf = self.buf
+    if buf._base is not None:
+      buf._base._lb_refcount -= 1
+    else:
+      buf._lb_refcount = n = buf._lb_refcount - 1
+      if n == 0:
+        # the last LazyBuffer using it is gone: keep it for the next eager result like it, when nothing else holds it
+        recycle_buffer(buf)
 
 
 def _evict(key: Any, wr: ReferenceType[LazyBuffer]) -> None:
@@ -197,6 +205,19 @@ class LazyBuffer:
     # the new use counts before the old one is dropped (they may be the same Buffer)
     self._use = _BufferUse(buf)
     self._buffer = buf
+
+  def result_buffer(self, allocator: Any) -> Buffer:
+    """`buffer` of this base, for the output of an eager kernel about to run on its device, whose allocator is given: a
+    kept Buffer of that allocator, size and dtype (see device.take_free_buffer) when there is one, already allocated."""
+    if (buf := getattr(self, "_buffer", None)) is not None:
+      return buf
+    if self.size.__class__ is not int or (buf := take_free_buffer(allocator, self.size, self.dtype)) is None:
+      return self.buffer
+    # _buffer first: when this LazyBuffer dies its attributes go in order, so _use is the last to hold the Buffer (see
+    # device.recycle_buffer)
+    self._buffer = buf
+    self._use = _BufferUse(buf)
+    return buf
 
   @property
   def realized(self) -> Optional[Buffer]:

@@ -573,7 +573,7 @@ def realize_eager(lb: LazyBuffer) -> bool:
   out = lb._base if lb._base is not None else lb
   # an id seen before (and still current: see eager_key.known) whose plan still fits the device and the settings
   if (ek := out._ekey) is not None and ek[0] == _key_state.epoch and (plan := _plans.get(ek[1])) is not None and \
-      plan.dname == out.device and plan.renderer is Device[plan.dname].renderer and plan.gen == plugins.generation() and \
+      plan.dname == out.device and plan.rev == plugins._revision and plan.dev.renderer is plan.renderer and \
       plan.beam == BEAM.value and plan.noopt == NOOPT.value and hasattr(out, "srcs"):
     return plan.run(out, ek[2])
   if (hit := eager_kernel(out)) is None:
@@ -600,10 +600,14 @@ class _EagerPlan:
   runner, where each kernel argument comes from (the output, or one of the realized bases the id lists), the settings
   the runner was chosen under (it is stale once one of them changes), and its cost estimates for GlobalCounters."""
 
-  __slots__ = ("dname", "renderer", "gen", "beam", "noopt", "runner", "spec", "ops", "mem", "direct")
+  __slots__ = ("dname", "dev", "renderer", "rev", "beam", "noopt", "runner", "spec", "ops", "mem", "direct")
 
   def __init__(self, dname: str, runner: CompiledRunner, spec: Tuple[int, ...]) -> None:
-    self.dname, self.renderer, self.gen, self.beam, self.noopt = dname, _device(dname).renderer, plugins.generation(), BEAM.value, NOOPT.value
+    # the device object is what the registry gives for dname as long as the plugins stay the same (see
+    # registry.__getitem__), so realize_eager checks the plugins' revision (which every change of them, a reset
+    # included, bumps: plugins.generation) and then reads the renderer from it, without a registry lookup
+    self.dev = _device(dname)
+    self.dname, self.renderer, self.rev, self.beam, self.noopt = dname, self.dev.renderer, plugins.generation()[1], BEAM.value, NOOPT.value
     self.runner, self.spec = runner, spec
     self.ops, self.mem = sym_infer(runner.op_estimate, _NO_VARS), sym_infer(runner.mem_estimate, _NO_VARS)
     # the program's own call on the raw buffers, where its runtime has one (see CompiledRunner.direct_call)
@@ -614,20 +618,23 @@ class _EagerPlan:
     input is on another device or empty (the full path says what to do)."""
     dname = self.dname
     bufs: List[Buffer] = []
+    handles = []   # the device handles, built in the same plain loop: a comprehension is a function call of its own
     for i in self.spec:
       if i < 0:
-        bufs.append(out.buffer)
-        continue
-      x = leaves[i]
-      if x.device != dname or x.size == 0:
-        return False
-      bufs.append(x.buffer)
+        b = out.result_buffer(self.dev.allocator)
+      else:
+        x = leaves[i]
+        if x.device != dname or x.size == 0:
+          return False
+        # (a realized base has it: `buffer` without its call)
+        b = xb if (xb := getattr(x, "_buffer", None)) is not None else x.buffer
+      if (h := getattr(b, "_buf", None)) is None:
+        h = b.allocate()._buf
+      bufs.append(b)
+      handles.append(h)
     # from here on it is scheduled, as _scheduled does it: the output stops holding its graph
     out.mark_scheduled()
-    for b in bufs:
-      if not hasattr(b, "_buf"):
-        b.allocate()
-    if (direct := self.direct) is None or not direct(*[b._buf for b in bufs]):
+    if (direct := self.direct) is None or not direct(*handles):
       self.runner(bufs, _NO_VARS)
     if Buffer.tracking_writes:
       # (the output is a fresh buffer no cache has read yet, but which slots a kernel writes is the runner's to say)
