@@ -22,6 +22,8 @@ from tiny.registry import Device
 from tiny.tensor import Tensor
 
 CPU = [d for d in ("CLANG", "LLVM") if d in Device.get_available_devices()]
+pytestmark = pytest.mark.skipif(not device_mod._KEEP_FREE, reason="this interpreter keeps no buffers (LRU=0, or a Python whose "
+                                                                   "reference counts recycle_buffer was not checked on)")
 
 
 @pytest.fixture(params=CPU)

@@ -303,10 +303,14 @@ _free_buffers: Dict[Tuple[Allocator, int], List[Buffer]] = {}
 FREE_BUFFER_MAX_BYTES = 1 << 16
 _FREE_PER_KEY = 4
 _FREE_MAX_KEYS = 64
-_KEEP_FREE = bool(getenv("LRU", 1))
 # references a Buffer that nothing else holds has in recycle_buffer: the caller's two (the _BufferUse's attribute and
 # its local), recycle_buffer's argument and getrefcount's own
 _ONLY_OURS = 4
+# that count holds on interpreters where every argument and local is a strong reference (checked on 3.11; 3.10-3.13 keep
+# those rules). One that borrows references (3.14's LOAD_FAST_BORROW) counts fewer, so a buffer someone else still held
+# could read as ours: there nothing is kept, which costs speed, never results
+_REFCOUNTS_KNOWN = (3, 10) <= sys.version_info[:2] <= (3, 13) and sys.implementation.name == "cpython"
+_KEEP_FREE = bool(getenv("LRU", 1)) and _REFCOUNTS_KNOWN
 
 
 def recycle_buffer(buf: Buffer) -> None:
