@@ -73,6 +73,36 @@ def _fsuffix(dt: DType) -> str:
   return "" if dt.scalar() == dtypes.float64 else "f"
 
 
+def max_const_side(u: UOp) -> Optional[int]:
+  """For a float32/float64 MAX uop: the index of an operand that is a constant other than NaN and zero (a CONST, or a
+  VECTORIZE of one), else None. Against such an operand MAX needs one compare, and MAX(x, c) becomes the CPU's max
+  instruction. Not zeros: which of -0.0 and 0.0 a tie gives is tiny's rule, and clang 14 (vector x < -0.0 ? -0.0 : x gave
+  -0.0 for x = 0.0) does not keep it; equal nonzero values have equal bits, so their ties cannot go wrong."""
+  if u.op is not UOps.ALU or u.arg is not BinaryOps.MAX or u.dtype is None or u.dtype.scalar() not in (dtypes.float32, dtypes.float64):
+    return None
+  for i, s in enumerate(u.src):
+    if s.op is UOps.VECTORIZE and s.src and all(x is s.src[0] for x in s.src):
+      s = s.src[0]
+    if s.op is UOps.CONST and isinstance(s.arg, (int, float)) and not isinstance(s.arg, bool) and s.arg == s.arg and s.arg != 0:
+      return i
+  return None
+
+
+def _max_against_const(xs: List[str], side: int, dtype: DType) -> str:
+  """MAX with operand `side` a non-NaN constant, in tiny's MAX semantics (first operand wins ties, a NaN wins).
+
+  MAX(x, c) = x < c ? c : x keeps a NaN x (the compare is false), which is exactly x86's maxps(c, x): one instruction
+  instead of two compares, a mask or and a blend. MAX(c, x) = c >= x ? c : x picks a NaN x the same way."""
+  a, b = xs
+  cond = "_a<_b" if side == 1 else "_a>=_b"
+  pick, other = ("_b", "_a") if side == 1 else ("_a", "_b")
+  if dtype.count == 1:
+    return f"({{ {'double' if dtype == dtypes.float64 else 'float'} _a = {a}, _b = {b}; ({cond})?{pick}:{other}; }})"
+  iv = ClangRenderer.vector_name(_MASK_INT[dtype.scalar()], dtype.count)
+  return (f"({{ __typeof__({a}) _a = {a}, _b = {b}; {iv} _m = ({iv})({cond}); "
+          f"(__typeof__(_a))((({iv}){pick} & _m) | (({iv}){other} & ~_m)); }})")
+
+
 def _max(a: str, b: str, dtype: DType) -> str:
   # the first operand wins ties and NaNs from either side win, as in tiny.ops.python_alu
   if dtypes.is_float(dtype.scalar()):
@@ -325,6 +355,8 @@ class ClangRenderer(CStyleLanguage):
     return super().render(name, uops)
 
   def render_alu(self, u: UOp, operands: List[str]) -> str:
+    if (side := max_const_side(u)) is not None:
+      return _max_against_const(operands, side, cast(DType, u.dtype))
     if u not in self._wrapping:
       return super().render_alu(u, operands)
     # in unsigned arithmetic, where overflow wraps as numpy's does; converting back to the signed type wraps in clang/gcc
