@@ -65,3 +65,27 @@ def test_nan_and_zero_consts_keep_general_max(c: float) -> None:
   """A NaN constant is not taken (the one-compare form would drop it), nor a zero (the sign a tie gives)."""
   uops = _max_kernel(dtypes.float32, 16, 16, c, False)
   assert max_const_side(uops[-3]) is None
+
+
+@pytest.mark.parametrize("device", ["CLANG", "LLVM"])
+def test_max_reduce_rows_keep_nan_and_order(device: str) -> None:
+  """Row maxes (the 4-vector steps and tiny_clang.renderer.cpu_matcher's regrouping of the MAX accumulator): a NaN in any of
+  the first 64 positions makes its row NaN, -inf rows stay -inf, and every other row gets numpy's max."""
+  from tiny import Tensor
+  rng = np.random.default_rng(4)
+  x = rng.normal(0, 10, (70, 4096)).astype(np.float32)
+  for i in range(64):
+    x[i, i * 17 % 4096 if i % 2 else i] = np.nan
+  x[64, :] = -np.inf
+  x[65, 4095] = 1e30
+  x[66, :] = -3.0
+  x[66, 1000] = -2.0
+  out = Tensor(x, device=device).max(-1).numpy()
+  ref = x.max(-1)
+  assert np.array_equal(np.isnan(out), np.isnan(ref))
+  np.testing.assert_array_equal(out[~np.isnan(ref)], ref[~np.isnan(ref)])
+  sm = Tensor(x, device=device).softmax(-1).numpy()
+  assert np.isnan(sm[:64]).all() and np.isnan(sm[64]).all()
+  e = np.exp(x[65:].astype(np.float64) - x[65:].max(-1, keepdims=True))
+  # (float32's x - max rounds by up to |x - max| * 2^-25, which exp turns into a relative error: ~1e-6 here)
+  np.testing.assert_allclose(sm[65:], e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-30)

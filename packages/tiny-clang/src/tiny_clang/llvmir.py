@@ -21,7 +21,8 @@ from tiny_clang.conv_padding import pads_conv_input
 from tiny_clang.matmul_panels import panel_width
 from tiny_clang.streaming_stores import stream_min_bytes, streaming_stores
 from tiny_clang.tile_loops import UNROLL_TILE, tile_loops
-from tiny_clang.renderer import _cpu_flags, _loop_structure, _only_through, host_simd_bytes, host_simd_registers, max_const_side
+from tiny_clang.renderer import _cpu_flags, _loop_structure, _only_through, host_simd_bytes, host_simd_registers, max_const_side, \
+  cpu_matcher
 
 _SCALAR = {dtypes.bool: "i1", dtypes.int8: "i8", dtypes.uint8: "i8", dtypes.int16: "i16", dtypes.uint16: "i16", dtypes.int32: "i32",
            dtypes.uint32: "i32", dtypes.int64: "i64", dtypes.uint64: "i64", dtypes.float16: "half", dtypes.bfloat16: "bfloat",
@@ -107,6 +108,7 @@ class LLVMRenderer(Renderer):
   supports_float4 = True
   # the ops this renderer spells natively (kernel opts and rewrites look at the keys)
   code_for_op = {op: (lambda *a: "") for op in (*UnaryOps, *BinaryOps, *TernaryOps) if op not in (UnaryOps.CAST, UnaryOps.BITCAST)}
+  extra_matcher = cpu_matcher
 
   def __init__(self) -> None:
     self.simd_bytes = host_simd_bytes()

@@ -21,7 +21,8 @@ import platform
 import re
 from typing import Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple, cast
 
-from tiny.backend import BinaryOps, CStyleLanguage, DType, Kernel, PtrDType, RenderError, TernaryOps, UnaryOps, UOp, UOps, dtypes
+from tiny.backend import BinaryOps, CStyleLanguage, DType, Kernel, PatternMatcher, PtrDType, RenderError, TernaryOps, UnaryOps, UOp, \
+  UOps, UPat, dtypes
 
 from tiny_clang.heuristics import cpu_hand_coded_optimizations
 from tiny_clang.conv_padding import pads_conv_input
@@ -101,6 +102,18 @@ def _max_against_const(xs: List[str], side: int, dtype: DType) -> str:
   iv = ClangRenderer.vector_name(_MASK_INT[dtype.scalar()], dtype.count)
   return (f"({{ __typeof__({a}) _a = {a}, _b = {b}; {iv} _m = ({iv})({cond}); "
           f"(__typeof__(_a))((({iv}){pick} & _m) | (({iv}){other} & ~_m)); }})")
+
+
+# A MAX accumulator's update folds the unrolled values in one after the other, MAX(MAX(MAX(acc, a), b), c): a chain of
+# dependent compare+blend steps through the accumulator, each waiting for the last (softmax's max loop ran at ~7 cycles
+# per vector). MAX(acc, MAX(MAX(a, b), c)) leaves one step per iteration on the accumulator and the rest independent.
+# MAX is associative for values and for NaN (one wins either way); only which of -0.0 and 0.0 a tie between them gives
+# may change, as lane splitting already changes it.
+cpu_matcher = PatternMatcher([
+  (UPat(UOps.ALU, arg=BinaryOps.MAX, src=(UPat(UOps.ALU, arg=BinaryOps.MAX, src=(UPat(UOps.DEFINE_ACC, name="acc"), UPat.var("a"))),
+                                          UPat.var("b"))),
+   lambda acc, a, b: acc.alu(BinaryOps.MAX, a.alu(BinaryOps.MAX, b))),
+])
 
 
 def _max(a: str, b: str, dtype: DType) -> str:
@@ -228,6 +241,7 @@ class ClangRenderer(CStyleLanguage):
   nan = '__builtin_nanf("")'
   type_map = {dtypes.bool: "_Bool", dtypes.int8: "signed char", dtypes.float16: "float", dtypes.bfloat16: "float"}
   code_for_op = {op: _op_for(op, fn) for op, fn in _BASE_OPS.items()}
+  extra_matcher = cpu_matcher
 
   def __init__(self) -> None:
     self._bitcast_srcs: List[DType] = []
