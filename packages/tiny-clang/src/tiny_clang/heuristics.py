@@ -533,6 +533,16 @@ def cpu_hand_coded_optimizations(k: Kernel) -> bool:
     reduce_rows(k, lanes)
   if not split_gather_unroll(k, lanes):
     k.unroll_reduce(lanes if lane_reduce else 4)
+    if lane_reduce and len(k.reduceops) > 1 and any(r.op is ReduceOps.MAX for r in k.reduceops) and simd_registers(k) > 16:
+      # (32 registers: AVX-512; row kernels, tiny.engine.row_fusion: their row is in cache) 4 vectors a step, which
+      # tiny_clang.renderer.cpu_matcher folds into the MAX accumulator with one dependent step instead of four: softmax's
+      # max loop was latency-bound at ~7 cycles per vector (llvm-mca, sapphirerapids: ~2.2 after)
+      rest = k.full_unupcasted_shape[-1] if k.full_unupcasted_shape else 1
+      if isinstance(rest, int) and rest % 4 == 0 and rest >= 16 and k.first_reduce < k.first_upcast:
+        try:
+          k.apply_opt(Opt(OptOps.UNROLL, len(k.full_unupcasted_shape) - 1 - k.first_reduce, 4))
+        except KernelOptError:
+          pass
   else:
     gathered_row_unroll(k)
   # an elementwise kernel whose output is contiguous along its last axis computes whole vectors

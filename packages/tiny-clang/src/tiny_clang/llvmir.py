@@ -21,7 +21,8 @@ from tiny_clang.conv_padding import pads_conv_input
 from tiny_clang.matmul_panels import panel_width
 from tiny_clang.streaming_stores import prefetched_loads, stream_min_bytes, stream_prefetch_bytes, streaming_stores
 from tiny_clang.tile_loops import UNROLL_TILE, tile_loops
-from tiny_clang.renderer import _cpu_flags, _loop_structure, _only_through, host_simd_bytes, host_simd_registers
+from tiny_clang.renderer import _cpu_flags, _loop_structure, _only_through, host_simd_bytes, host_simd_registers, max_const_side, \
+  cpu_matcher
 
 _SCALAR = {dtypes.bool: "i1", dtypes.int8: "i8", dtypes.uint8: "i8", dtypes.int16: "i16", dtypes.uint16: "i16", dtypes.int32: "i32",
            dtypes.uint32: "i32", dtypes.int64: "i64", dtypes.uint64: "i64", dtypes.float16: "half", dtypes.bfloat16: "bfloat",
@@ -107,6 +108,7 @@ class LLVMRenderer(Renderer):
   supports_float4 = True
   # the ops this renderer spells natively (kernel opts and rewrites look at the keys)
   code_for_op = {op: (lambda *a: "") for op in (*UnaryOps, *BinaryOps, *TernaryOps) if op not in (UnaryOps.CAST, UnaryOps.BITCAST)}
+  extra_matcher = cpu_matcher
 
   def __init__(self) -> None:
     self.simd_bytes = host_simd_bytes()
@@ -325,6 +327,10 @@ class _Builder:
       return self.ins(f"{'urem' if _is_unsigned(s) else 'srem'} {t} {xs[0]}, {xs[1]}" if not isf else f"frem {t} {xs[0]}, {xs[1]}")
     if op is BinaryOps.MAX:
       # the first operand wins ties and NaNs from either side win, as in tiny.ops.python_alu
+      if isf and (side := max_const_side(u)) is not None:
+        # MAX(x, c) = x < c ? c : x, MAX(c, x) = c >= x ? c : x: both keep a NaN x, as the compare is then false
+        c = self.ins(f"fcmp {'olt' if side == 1 else 'oge'} {t} {xs[0]}, {xs[1]}")
+        return self.ins(f"select {self.booltype(sdt)} {c}, {t} {xs[side]}, {t} {xs[1 - side]}")
       if isf:
         c = self.ins(f"or {self.booltype(sdt)} {self.ins(f'fcmp oge {t} {xs[0]}, {xs[1]}')}, {self.ins(f'fcmp uno {t} {xs[0]}, {xs[0]}')}")
       else:

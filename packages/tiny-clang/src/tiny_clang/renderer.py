@@ -21,7 +21,8 @@ import platform
 import re
 from typing import Any, Callable, Dict, FrozenSet, List, Optional, Set, Tuple, cast
 
-from tiny.backend import BinaryOps, CStyleLanguage, DType, Kernel, PtrDType, RenderError, TernaryOps, UnaryOps, UOp, UOps, dtypes
+from tiny.backend import BinaryOps, CStyleLanguage, DType, Kernel, PatternMatcher, PtrDType, RenderError, TernaryOps, UnaryOps, UOp, \
+  UOps, UPat, dtypes
 
 from tiny_clang.heuristics import cpu_hand_coded_optimizations
 from tiny_clang.conv_padding import pads_conv_input
@@ -71,6 +72,48 @@ def _f16kind(dt: Optional[DType]) -> Optional[str]:
 def _fsuffix(dt: DType) -> str:
   """libm suffix: double functions for float64, float ones for everything else (half/bf16 compute in float)."""
   return "" if dt.scalar() == dtypes.float64 else "f"
+
+
+def max_const_side(u: UOp) -> Optional[int]:
+  """For a float32/float64 MAX uop: the index of an operand that is a constant other than NaN and zero (a CONST, or a
+  VECTORIZE of one), else None. Against such an operand MAX needs one compare, and MAX(x, c) becomes the CPU's max
+  instruction. Not zeros: which of -0.0 and 0.0 a tie gives is tiny's rule, and clang 14 (vector x < -0.0 ? -0.0 : x gave
+  -0.0 for x = 0.0) does not keep it; equal nonzero values have equal bits, so their ties cannot go wrong."""
+  if u.op is not UOps.ALU or u.arg is not BinaryOps.MAX or u.dtype is None or u.dtype.scalar() not in (dtypes.float32, dtypes.float64):
+    return None
+  for i, s in enumerate(u.src):
+    if s.op is UOps.VECTORIZE and s.src and all(x is s.src[0] for x in s.src):
+      s = s.src[0]
+    if s.op is UOps.CONST and isinstance(s.arg, (int, float)) and not isinstance(s.arg, bool) and s.arg == s.arg and s.arg != 0:
+      return i
+  return None
+
+
+def _max_against_const(xs: List[str], side: int, dtype: DType) -> str:
+  """MAX with operand `side` a non-NaN constant, in tiny's MAX semantics (first operand wins ties, a NaN wins).
+
+  MAX(x, c) = x < c ? c : x keeps a NaN x (the compare is false), which is exactly x86's maxps(c, x): one instruction
+  instead of two compares, a mask or and a blend. MAX(c, x) = c >= x ? c : x picks a NaN x the same way."""
+  a, b = xs
+  cond = "_a<_b" if side == 1 else "_a>=_b"
+  pick, other = ("_b", "_a") if side == 1 else ("_a", "_b")
+  if dtype.count == 1:
+    return f"({{ {'double' if dtype == dtypes.float64 else 'float'} _a = {a}, _b = {b}; ({cond})?{pick}:{other}; }})"
+  iv = ClangRenderer.vector_name(_MASK_INT[dtype.scalar()], dtype.count)
+  return (f"({{ __typeof__({a}) _a = {a}, _b = {b}; {iv} _m = ({iv})({cond}); "
+          f"(__typeof__(_a))((({iv}){pick} & _m) | (({iv}){other} & ~_m)); }})")
+
+
+# A MAX accumulator's update folds the unrolled values in one after the other, MAX(MAX(MAX(acc, a), b), c): a chain of
+# dependent compare+blend steps through the accumulator, each waiting for the last (softmax's max loop ran at ~7 cycles
+# per vector). MAX(acc, MAX(MAX(a, b), c)) leaves one step per iteration on the accumulator and the rest independent.
+# MAX is associative for values and for NaN (one wins either way); only which of -0.0 and 0.0 a tie between them gives
+# may change, as lane splitting already changes it.
+cpu_matcher = PatternMatcher([
+  (UPat(UOps.ALU, arg=BinaryOps.MAX, src=(UPat(UOps.ALU, arg=BinaryOps.MAX, src=(UPat(UOps.DEFINE_ACC, name="acc"), UPat.var("a"))),
+                                          UPat.var("b"))),
+   lambda acc, a, b: acc.alu(BinaryOps.MAX, a.alu(BinaryOps.MAX, b))),
+])
 
 
 def _max(a: str, b: str, dtype: DType) -> str:
@@ -177,6 +220,7 @@ class ClangRenderer(CStyleLanguage):
   nan = '__builtin_nanf("")'
   type_map = {dtypes.bool: "_Bool", dtypes.int8: "signed char", dtypes.float16: "float", dtypes.bfloat16: "float"}
   code_for_op = {op: _op_for(op, fn) for op, fn in _BASE_OPS.items()}
+  extra_matcher = cpu_matcher
 
   def __init__(self) -> None:
     self._bitcast_srcs: List[DType] = []
@@ -309,6 +353,11 @@ class ClangRenderer(CStyleLanguage):
     self._prefetching = [u in prefetched for u in uops if u.op is UOps.LOAD]
     self._uops = uops
     return super().render(name, uops)
+
+  def render_alu(self, u: UOp, operands: List[str]) -> str:
+    if (side := max_const_side(u)) is not None:
+      return _max_against_const(operands, side, cast(DType, u.dtype))
+    return super().render_alu(u, operands)
 
   def render_kernel(self, function_name: str, kernel: List[str], bufs: List[Tuple[str, Tuple[DType, bool]]], uops: List[UOp],
                     prefix: Optional[List[str]] = None) -> str:

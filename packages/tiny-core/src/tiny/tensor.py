@@ -1495,7 +1495,9 @@ class Tensor:
 
   def _softmax(self, axis: int) -> Tuple[Tensor, Tensor, Tensor]:
     m = self - self.max(axis=axis, keepdim=True).detach()
-    e = m.exp()
+    # a float x - max(x) is <= 0 or NaN (the rounded difference of x <= max keeps its sign), which lets exp skip its
+    # overflow handling; an int difference may wrap, so ints take the general exp
+    e = F.Exp.apply(m, nonpositive=True) if dtypes.is_float(m.dtype) else m.exp()
     return m, e, e.sum(axis=axis, keepdim=True)
 
   def softmax(self, axis: int = -1) -> Tensor:
