@@ -17,6 +17,7 @@ from tiny.device import Buffer, Device
 from tiny.dtype import dtypes
 from tiny.engine.realize import get_runner, run_schedule
 from tiny.engine.schedule import create_schedule
+from tiny.codegen.uops import UOps
 from tiny.ops import MetaOps
 from tiny.tensor import Tensor
 from tiny_clang.renderer import ClangRenderer
@@ -231,6 +232,16 @@ def test_prefetched_loads_follow_the_streaming_stores() -> None:
   padded = _uops(a.pad(((16, 16),)) * 2, r)                  # the loads at the edges are gated
   gated = {u for u in padded if u.op.name == "LOAD" and len(u.src) >= 4 and u.src[2].op.name != "BARRIER"}
   assert gated and not (prefetched_loads(padded, streaming_stores(padded, 1), 2048) & gated)
+
+
+def test_a_reduce_with_streaming_stores_prefetches_nothing() -> None:
+  """A matmul's output streams when it is large, but its loads of a and of the panels come from cache: no prefetch."""
+  r = _x86_avx512_renderer()
+  uops = _uops(Tensor.empty(64, 64, device="CLANG") @ Tensor.empty(64, 64, device="CLANG"), r)   # (no panel copy)
+  streams = streaming_stores(uops, 1)
+  assert streams and any(u.op is UOps.DEFINE_ACC for u in uops)
+  assert any(u.op is UOps.LOAD and u.dtype is not None and u.dtype.itemsize == LINE_BYTES for u in uops)
+  assert prefetched_loads(uops, streams, 2048) == set()
 
 
 def test_stream_prefetch_bytes_by_threshold() -> None:
