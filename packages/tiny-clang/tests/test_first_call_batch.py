@@ -3,7 +3,7 @@ object per kernel, the same results as compiling each alone, the disk cache per 
 from __future__ import annotations
 
 import ctypes
-from typing import List
+from typing import List, Tuple
 
 import numpy as np
 import pytest
@@ -67,7 +67,8 @@ def test_file_scope_reads_attributes_before_a_definition() -> None:
   assert quiet is not None and {"h", "buf"} <= set(quiet.names) and not {"h", "buf"} & set(quiet.exported)
 
 
-def test_compile_many_batches_attributed_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+def _spied_compiler(monkeypatch: pytest.MonkeyPatch) -> Tuple[ClangCompiler, List[List[str]]]:
+  """A batching ClangCompiler and the list its compiler/linker command lines are recorded in (skips without a linker)."""
   comp = ClangCompiler()
   if comp.ld is None:
     pytest.skip("no direct linker here: compile_many compiles one source at a time")
@@ -78,6 +79,11 @@ def test_compile_many_batches_attributed_kernels(monkeypatch: pytest.MonkeyPatch
     runs.append(cmd)
     return real(cmd, src, pass_fds)
   monkeypatch.setattr(cc_mod, "_run_to_bytes", spy)
+  return comp, runs
+
+
+def test_compile_many_batches_attributed_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+  comp, runs = _spied_compiler(monkeypatch)
   srcs = [scale_kernel(2.0 + i).replace("void k(", "__attribute__((min_vector_width(512))) void k(") for i in range(3)]
   libs = comp.compile_many(srcs)
   assert sum(1 for cmd in runs if cmd[0] == comp.cc[0]) == 1, "one compiler process for the whole batch"
@@ -114,16 +120,7 @@ def test_compile_many_matches_compile_alone(n: int) -> None:
 
 
 def test_compile_many_uses_one_compiler_process(monkeypatch: pytest.MonkeyPatch) -> None:
-  comp = ClangCompiler()
-  if comp.ld is None:
-    pytest.skip("no direct linker here: compile_many compiles one source at a time")
-  runs: List[List[str]] = []
-  real = cc_mod._run_to_bytes
-
-  def spy(cmd, src, pass_fds=()):   # type: ignore[no-untyped-def]
-    runs.append(cmd)
-    return real(cmd, src, pass_fds)
-  monkeypatch.setattr(cc_mod, "_run_to_bytes", spy)
+  comp, runs = _spied_compiler(monkeypatch)
   libs = comp.compile_many([scale_kernel(2.0 + i, name=f"k{i}") for i in range(4)])
   assert all(lib is not None for lib in libs)
   assert sum(1 for cmd in runs if cmd[0] == comp.cc[0]) == 1, "one compiler process for the whole batch"
