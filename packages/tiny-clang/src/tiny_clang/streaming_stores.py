@@ -16,8 +16,8 @@ The renderers test each address at run time: a store whose address is not 64-byt
 row that is not a whole number of lines) is a plain store, so no alignment is ever assumed. A kernel with streaming
 stores ends with an `sfence`: they are weakly ordered, and the pool's atomics then publish the finished slice.
 
-A kernel with streaming stores also prefetches its ungated whole-line vector loads PREFETCH_BYTES ahead (`prefetcht0`,
-which never faults, so an address past the end of a buffer is harmless): such a kernel streams its inputs too, and the
+A kernel with streaming stores and no reduce also prefetches its ungated whole-line vector loads PREFETCH_BYTES ahead
+(`prefetcht0`, which never faults, so an address past the end of a buffer is harmless): such a kernel streams its inputs too, and the
 hardware prefetchers alone keep too few of their lines in flight. `(a*b+c).relu()` over 16M floats, the kernel alone,
 1 thread, CPU time, shuffled in-process A/B on the 2-core AVX-512 Xeon (median ratios over 4 runs): 2 KiB ahead
 1.05-1.08x (as tiny renders it: CLANG 1.04x, LLVM 1.09x); 0.5 KiB 1.00x, 1 KiB 1.00-1.01x, 4 KiB 1.01-1.03x, 8 KiB 1.00x.
