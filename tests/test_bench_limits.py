@@ -16,15 +16,21 @@ import run  # noqa: E402
 
 @pytest.mark.skipif(shutil.which("clang") is None and shutil.which("cc") is None, reason="needs a C compiler to build the probe")
 def test_limits_bound_what_numpy_reaches() -> None:
-  lim = limits.measure(1)
-  assert lim is not None and lim.threads == 1 and lim.vector_bytes in (16, 32, 64)
   # a single-thread numpy copy of 64 MiB cannot beat the measured stream copy by much, nor can the FMA peak be below
-  # what a scalar loop would reach (1 GFLOP/s) or above 4 flops/cycle/lane at 6 GHz
+  # what a scalar loop would reach (1 GFLOP/s) or above 4 flops/cycle/lane at 6 GHz.
+  # Other processes can only make the probe come out low, so the bound gets three interleaved tries (best probe
+  # against best numpy copy, both wall time); a probe that is wrong stays below numpy in every try.
   a = np.ones(1 << 24, np.float32)
   b = np.empty_like(a)
-  best = min(_timed(lambda: np.copyto(b, a)) for _ in range(5))
-  assert 2 * a.nbytes / best / 1e9 < lim.stream_gbs * 2
-  assert 1.0 < lim.peak_gflops < 4 * (lim.vector_bytes // 4) * 6.0
+  stream, copy_s = 0.0, float("inf")
+  for _ in range(3):
+    lim = limits.measure(1)
+    assert lim is not None and lim.threads == 1 and lim.vector_bytes in (16, 32, 64)
+    assert 1.0 < lim.peak_gflops < 4 * (lim.vector_bytes // 4) * 6.0
+    stream, copy_s = max(stream, lim.stream_gbs), min(copy_s, min(_timed(lambda: np.copyto(b, a)) for _ in range(5)))
+    if 2 * a.nbytes / copy_s / 1e9 < stream * 2:
+      break
+  assert 2 * a.nbytes / copy_s / 1e9 < stream * 2, f"numpy copied at {2 * a.nbytes / copy_s / 1e9:.1f} GB/s, probe {stream:.1f}"
 
 
 def _timed(fn) -> float:

@@ -121,9 +121,9 @@ def test_graph_rewrite_is_fast_on_wide_graphs() -> None:
   tot = xs[0]
   for i, x in enumerate(xs[1:]):
     tot = tot + (x * (i % 3) + 0) * 1
-  st = time.perf_counter()
+  st = time.process_time()  # CPU time, so a loaded machine does not fail it
   graph_rewrite(UOp(UOps.SINK, None, (tot,)), constant_folder)
-  assert time.perf_counter() - st < 2.0
+  assert time.process_time() - st < 2.0
 
 
 def test_uop_fields_are_read_only_and_copyable() -> None:
