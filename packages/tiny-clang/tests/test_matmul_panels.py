@@ -295,3 +295,42 @@ def test_fused_epilogue_matches_numpy(device: str) -> None:
   np.testing.assert_allclose((r + (x @ w + b)).numpy(), rn + y, rtol=1e-4, atol=1e-3)
   np.testing.assert_allclose((x @ w + b).relu().numpy(), np.maximum(y, 0), rtol=1e-4, atol=1e-3)
   np.testing.assert_allclose((b + x @ w).numpy(), y, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("device", ["CLANG", "LLVM"])
+@pytest.mark.parametrize("shape_a, view", [((256, 128), "plain"), ((3, 48, 128), "plain"), ((67, 128), "transposed")])
+def test_untracked_product_is_the_tracked_graph(device: str, shape_a: Tuple[int, ...], view: str, monkeypatch: pytest.MonkeyPatch) -> None:
+  """A product no gradient flows through is built on the LazyBuffers directly (`Tensor._dot_panels_untracked`): it
+  must be the very graph the Tensor ops build when a takes a gradient (the lazy cache then hands both the same
+  LazyBuffer), carry no autograd context, and equal numpy's product."""
+  an, src = _rand(*shape_a, seed=11), _rand(128, 256, seed=12) if view == "plain" else _rand(256, 128, seed=12)
+  w = Tensor(src, device=device).realize()
+  b, bn = (w, src) if view == "plain" else (w.T, src.T)
+  a = Tensor(an, device=device).realize()
+  built: List[bool] = []
+  untracked = Tensor._dot_panels_untracked
+  monkeypatch.setattr(Tensor, "_dot_panels_untracked", lambda *args: built.append((r := untracked(*args)) is not None) or r)
+  fast = a @ b
+  a.requires_grad = True
+  tracked = a @ b
+  assert built == [True, False]
+  assert fast._ctx is None and tracked._ctx is not None
+  assert fast.requires_grad is None and tracked.requires_grad is True
+  assert fast.lazydata is tracked.lazydata
+  np.testing.assert_allclose(fast.numpy(), an @ bn, rtol=1e-4, atol=1e-3)
+
+
+def test_untracked_product_requires_grad() -> None:
+  """The untracked product's requires_grad is what Function.apply would give it: False when both operands say False,
+  True (with no context) for an operand that takes gradients under Tensor.inference_mode, the graph of the Tensor ops."""
+  a = Tensor.rand(64, 128, device="CLANG", requires_grad=False).realize()
+  b = Tensor.rand(128, 256, device="CLANG", requires_grad=False).realize()
+  out = a @ b
+  assert out.requires_grad is False and out._ctx is None
+  g = Tensor.rand(64, 128, device="CLANG", requires_grad=True).realize()
+  with Tensor.inference_mode():
+    ng = g @ b
+  assert ng._ctx is None and ng.requires_grad is True
+  assert ng.lazydata is (g @ b).lazydata
+  np.testing.assert_allclose(out.numpy(), a.numpy() @ b.numpy(), rtol=1e-4, atol=1e-3)
+  np.testing.assert_allclose(ng.numpy(), g.numpy() @ b.numpy(), rtol=1e-4, atol=1e-3)

@@ -24,9 +24,19 @@ POOL_SRC = r"""
 #include <pthread.h>
 #include <sched.h>
 #include <stdint.h>
+#include <time.h>
 typedef void (*tiny_entry_t)(const int64_t *args, int slice, int nslices);
 #define TINY_MAXT 256
-#define TINY_SPIN 20000
+/* an idle worker spins this long before it sleeps: a kernel that comes sooner finds it awake. Measured by time, not by
+   spins: one pause takes ~9 ns on the AVX-512 Xeon and ~40 ns on Skylake, and a loop of 20000 of them (0.18 ms there)
+   ended before the ~0.25 ms of Python between two eager `(a @ b).realize()` calls, so every call woke the worker
+   through the condition variable and it started its first slice ~0.15-1 ms late instead of ~15 us */
+#define TINY_SPIN_NS 1000000LL
+/* past this much of the spin, each spin yields the core instead of pausing: a process that waits for it (other test
+   workers, a busy machine) runs first, while a kernel that comes still finds the worker awake */
+#define TINY_SPIN_YIELD_NS 100000LL
+/* read the clock once per this many spins (a vDSO call of ~20 ns against ~64 pauses or yields) */
+#define TINY_SPIN_CHECK 64
 static int nthr = 0;                                   /* worker threads started (the caller works too) */
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER, run_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
@@ -60,18 +70,29 @@ static void work(uint32_t gen) {
     __atomic_add_fetch(&done, 1, __ATOMIC_SEQ_CST);
   }
 }
+static long long now_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
 static void *worker(void *arg) {
   uint32_t seen = (uint32_t)(uintptr_t)arg;
   for (;;) {
     uint32_t g;
-    int spins = 0;
+    int spins = 0, yielding = 0;
+    long long idle_since = now_ns();
     while ((g = (uint32_t)(__atomic_load_n(&ctr, __ATOMIC_SEQ_CST) >> 32)) == seen) {
-      if (++spins < TINY_SPIN) { cpu_relax(); continue; }
-      pthread_mutex_lock(&mu);
-      __atomic_add_fetch(&sleeping, 1, __ATOMIC_SEQ_CST);
-      while ((uint32_t)(__atomic_load_n(&ctr, __ATOMIC_SEQ_CST) >> 32) == seen) pthread_cond_wait(&cv, &mu);
-      __atomic_sub_fetch(&sleeping, 1, __ATOMIC_SEQ_CST);
-      pthread_mutex_unlock(&mu);
+      long long idle = ++spins % TINY_SPIN_CHECK == 0 ? now_ns() - idle_since : -1;
+      if (idle >= TINY_SPIN_NS) {
+        pthread_mutex_lock(&mu);
+        __atomic_add_fetch(&sleeping, 1, __ATOMIC_SEQ_CST);
+        while ((uint32_t)(__atomic_load_n(&ctr, __ATOMIC_SEQ_CST) >> 32) == seen) pthread_cond_wait(&cv, &mu);
+        __atomic_sub_fetch(&sleeping, 1, __ATOMIC_SEQ_CST);
+        pthread_mutex_unlock(&mu);
+        continue;
+      }
+      if (idle >= 0) yielding = idle >= TINY_SPIN_YIELD_NS;
+      if (yielding) sched_yield(); else cpu_relax();
     }
     seen = g;
     work(g);
