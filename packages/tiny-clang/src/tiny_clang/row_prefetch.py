@@ -33,8 +33,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-from tiny.backend import UOp, UOps, dtypes, getenv
-from tiny.ops import BinaryOps, TernaryOps, UnaryOps
+from tiny.backend import BinaryOps, TernaryOps, UnaryOps, UOp, UOps, dtypes, getenv
 
 ROW_PREFETCH = int(getenv("TINY_ROW_PREFETCH", 1))
 LINE_BYTES = 64
