@@ -437,3 +437,78 @@ def test_overlapping_strides_are_not_injective():
   from tiny.shape.view import View
   assert not _injective(View.create((3, 3), (2, 1)))
   assert _injective(View.create((3, 3), (1, 3)))
+
+
+def torch_ref(fn_name, scores_fn, *arrays):
+  torch = pytest.importorskip("torch")
+  return getattr(scores_fn(*[torch.tensor(a) for a in arrays]), fn_name)(-1).numpy()
+
+
+@pytest.mark.parametrize("fn", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("shape", [(1, 12, 128, 128, 64), (2, 3, 7, 13, 5), (1, 1, 33, 1000, 8)])
+def test_softmax_of_masked_matmul_scores_is_matmul_then_one_row_kernel(fn, shape):
+  # attention's scores: q @ k^T * scale + a causal mask broadcast over the heads; the row kernel reads the matmul's
+  # output (with the scale and mask applied by the matmul kernel) instead of a max, a sum and an elementwise kernel
+  B, H, T, S, D = shape
+  q, k = rnd(B, H, T, D, seed=1), rnd(B, H, S, D, seed=2)
+  mask = np.where(np.tril(np.ones((T, S), bool)), 0, -np.inf).astype(np.float32)
+  mask[min(2, T - 1)] = -np.inf   # a row with no key: NaN, as torch
+  kill = Tensor(np.where(np.arange(T) == min(2, T - 1), -np.inf, 0).astype(np.float32).reshape(T, 1)).realize()
+  tq, tk = Tensor(q).realize(), Tensor(k).realize()
+  scale = 1 / np.sqrt(D)
+
+  def make():   # a fresh graph each time: a schedule that is made but not run must not be made again
+    tmask = Tensor.ones(T, S).tril(0).cast(dtypes.bool).where(0, -float("inf")) + kill
+    return getattr(tq @ tk.transpose(-2, -1) * scale + tmask, fn)(-1)
+  ks = kernels(make())
+  out = make()
+  row = [si for si in ks if n_reduces(si) == 2]
+  assert len(row) == 1 and len(ks) <= 3, [n_reduces(si) for si in ks]   # (the k^T copy), the matmul, the row kernel
+  ref = torch_ref(fn, lambda a, b, m: a @ b.transpose(-2, -1) * scale + m, q, k, mask)
+  np.testing.assert_allclose(out.numpy(), ref, atol=3e-5, rtol=3e-5, equal_nan=True)
+  assert np.isnan(out.numpy()[..., min(2, T - 1), :]).all()
+
+
+def test_attention_matches_torch_with_fused_scores():
+  torch = pytest.importorskip("torch")
+  q, k, v = rnd(2, 4, 24, 16, seed=4), rnd(2, 4, 24, 16, seed=5), rnd(2, 4, 24, 16, seed=6)
+  out = Tensor(q).scaled_dot_product_attention(Tensor(k), Tensor(v), is_causal=True).numpy()
+  ref = torch.nn.functional.scaled_dot_product_attention(torch.tensor(q), torch.tensor(k), torch.tensor(v), is_causal=True).numpy()
+  np.testing.assert_allclose(out, ref, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("fn", ["softmax", "log_softmax"])
+def test_backward_through_fused_matmul_scores(fn):
+  torch = pytest.importorskip("torch")
+  a, b, w = rnd(9, 6, seed=7), rnd(6, 40, seed=8), rnd(9, 40, seed=9)
+  m = np.where(np.random.default_rng(10).random((9, 40)) < 0.3, -np.inf, 0).astype(np.float32)
+  m[:, 0] = 0
+  ta, tb = Tensor(a, requires_grad=True), Tensor(b, requires_grad=True)
+  (getattr((ta @ tb) * 0.5 + Tensor(m), fn)(-1).maximum(-1e30) * Tensor(w)).sum().backward()
+  xa, xb = torch.tensor(a, requires_grad=True), torch.tensor(b, requires_grad=True)
+  (getattr((xa @ xb) * 0.5 + torch.tensor(m), fn)(-1).clamp(min=-1e30) * torch.tensor(w)).sum().backward()
+  np.testing.assert_allclose(ta.grad.numpy(), xa.grad.numpy(), atol=1e-3, rtol=1e-3)
+  np.testing.assert_allclose(tb.grad.numpy(), xb.grad.numpy(), atol=1e-3, rtol=1e-3)
+
+
+def test_matmul_read_by_a_row_kernel_and_by_others():
+  # the scores are also an output, and also read by another op: every result right, whatever the kernels
+  a, b = rnd(5, 7, seed=11), rnd(7, 30, seed=12)
+  s = Tensor(a) @ Tensor(b)
+  sm = (s * 2).softmax(-1)
+  other = (s + 1).sum(-1)
+  outs = Tensor.realize(sm, other, s)
+  ref_s = a @ b
+  np.testing.assert_allclose(outs[0].numpy() if isinstance(outs, (list, tuple)) else sm.numpy(), np_softmax(ref_s * 2), atol=2e-5, rtol=2e-5)
+  np.testing.assert_allclose(sm.numpy(), np_softmax(ref_s * 2), atol=2e-5, rtol=2e-5)
+  np.testing.assert_allclose(other.numpy(), (ref_s + 1).sum(-1), atol=1e-3, rtol=1e-4)
+  np.testing.assert_allclose(s.numpy(), ref_s, atol=1e-4, rtol=1e-4)
+
+
+def test_softmax_times_a_matmul_of_the_same_shape():
+  # a reduce of other axes read directly by the row kernel's output (no statistic on its path)
+  a, b, c = rnd(6, 5, seed=13), rnd(5, 50, seed=14), rnd(6, 50, seed=15)
+  out = Tensor(c).softmax(-1) * (Tensor(a) @ Tensor(b))
+  np.testing.assert_allclose(out.numpy(), np_softmax(c) * (a @ b), atol=1e-4, rtol=1e-4)
+  out2 = (Tensor(c) + (Tensor(a) @ Tensor(b))).softmax(-1) * (Tensor(a) @ Tensor(b)).exp()
+  np.testing.assert_allclose(out2.numpy(), np_softmax(c + a @ b) * np.exp(a @ b), atol=1e-4, rtol=1e-3)

@@ -19,6 +19,7 @@ from tiny.backend import BinaryOps, DType, Kernel, PtrDType, Renderer, TernaryOp
 from tiny_clang.heuristics import cpu_hand_coded_optimizations
 from tiny_clang.conv_padding import pads_conv_input
 from tiny_clang.matmul_panels import panel_width
+from tiny_clang.row_prefetch import ROW_PREFETCH, row_prefetches
 from tiny_clang.streaming_stores import prefetched_loads, stream_min_bytes, stream_prefetch_bytes, streaming_stores
 from tiny_clang.tile_loops import UNROLL_TILE, tile_loops
 from tiny_clang.renderer import _cpu_flags, _loop_structure, _only_through, host_simd_bytes, host_simd_registers, max_const_side, \
@@ -115,6 +116,7 @@ class LLVMRenderer(Renderer):
     self.simd_registers = host_simd_registers(self.simd_bytes)
     self.stream_min_bytes = stream_min_bytes(self.simd_bytes, _cpu_flags())   # tiny_clang.streaming_stores
     self.stream_prefetch_bytes = stream_prefetch_bytes(self.stream_min_bytes)
+    self.row_prefetch = bool(ROW_PREFETCH)   # row kernels prefetch the next row (tiny_clang.row_prefetch)
 
   def hand_coded_optimizations(self, k: Kernel) -> bool:
     """The host CPU's tiling heuristic (tiny_clang.heuristics) instead of core's device-neutral one."""
@@ -129,13 +131,13 @@ class LLVMRenderer(Renderer):
     return pads_conv_input(self.simd_bytes, padded_spatial, dtype)
 
   def render(self, name: str, uops: List[UOp]) -> str:
-    return _Builder(to_function_name(name), list(uops), self.stream_min_bytes, self.stream_prefetch_bytes).build()
+    return _Builder(to_function_name(name), list(uops), self.stream_min_bytes, self.stream_prefetch_bytes, self.row_prefetch).build()
 
 
 class _Builder:
   """One render: the IR lines, the value of each uop, the current block."""
 
-  def __init__(self, name: str, uops: List[UOp], stream_min_bytes: int = 0, prefetch_bytes: int = 0):
+  def __init__(self, name: str, uops: List[UOp], stream_min_bytes: int = 0, prefetch_bytes: int = 0, row_prefetch: bool = False):
     self.name, self.uops = name, uops
     self.lines: List[str] = []
     self.allocas: List[str] = []
@@ -161,6 +163,8 @@ class _Builder:
     # and the loads such a kernel prefetches prefetch_bytes ahead of
     self.prefetch_bytes = prefetch_bytes
     self.prefetches = prefetched_loads(uops, self.streams, prefetch_bytes)
+    # a row kernel's loads and stores that prefetch the next row: (distance in bytes, write intent)
+    self.row_ahead = row_prefetches(uops, row_prefetch)
 
   # *** helpers ***
 
@@ -432,6 +436,8 @@ class _Builder:
       # a plain (not inbounds) step: the address ahead may lie past the end of the buffer, which the prefetch ignores
       self.decls.add("declare void @llvm.prefetch.p0(ptr, i32, i32, i32)")
       self.emit(f"call void @llvm.prefetch.p0(ptr {self.ins(f'getelementptr i8, ptr {p}, i64 {self.prefetch_bytes}')}, i32 0, i32 3, i32 1)")
+    elif u in self.row_ahead:
+      self.row_prefetch(p, *self.row_ahead[u])
     return self.from_mem(self.ins(f"load {mtype(dt)}, ptr {p}, align {align}"), dt)
 
   def from_mem(self, v: str, dt: DType) -> str:
@@ -451,6 +457,8 @@ class _Builder:
     if vdt.scalar() == dtypes.bool:
       v = self.ins(f"zext {ltype(vdt)} {v} to {mtype(vdt)}")
     p = self.gep(buf, idx)
+    if u in self.row_ahead and u not in self.streams:
+      self.row_prefetch(p, *self.row_ahead[u])
     if u in self.streams:
       self.streaming_store(v, vdt, p, buf.dtype.base.scalar().itemsize)
     else:
@@ -458,6 +466,12 @@ class _Builder:
     if len(u.src) > 3:
       self.emit(f"br label %stj{n}")
       self.label(f"stj{n}")
+
+  def row_prefetch(self, p: str, distance: int, write: bool) -> None:
+    """Prefetch into L2 (locality 2, prefetcht1 / prefetchw) the line `distance` bytes after p: the next row of a row kernel."""
+    # a plain (not inbounds) step: the address ahead may lie past the end of the buffer, which the prefetch ignores
+    self.decls.add("declare void @llvm.prefetch.p0(ptr, i32, i32, i32)")
+    self.emit(f"call void @llvm.prefetch.p0(ptr {self.ins(f'getelementptr i8, ptr {p}, i64 {distance}')}, i32 {int(write)}, i32 2, i32 1)")
 
   def streaming_store(self, v: str, vdt: DType, p: str, align: int) -> None:
     """A non-temporal store of a whole cache line where p is 64-byte aligned, a plain store where it is not."""

@@ -27,6 +27,7 @@ from tiny.backend import BinaryOps, CStyleLanguage, DType, Kernel, PatternMatche
 from tiny_clang.heuristics import cpu_hand_coded_optimizations
 from tiny_clang.conv_padding import pads_conv_input
 from tiny_clang.matmul_panels import panel_width
+from tiny_clang.row_prefetch import ROW_PREFETCH, row_prefetches
 from tiny_clang.streaming_stores import prefetched_loads, stream_min_bytes, stream_prefetch_bytes, streaming_stores
 from tiny_clang.tile_loops import UNROLL_TILE, tile_loops
 from tiny_clang.vmath import exp2_source, log2_source
@@ -229,11 +230,15 @@ class ClangRenderer(CStyleLanguage):
     self._streaming: List[bool] = []
     self._streams: Set[UOp] = set()      # the STORE uops behind _streaming (render_kernel ends with an sfence when any)
     self._prefetching: List[bool] = []   # per LOAD uop, in order: prefetched stream_prefetch_bytes ahead
+    # per LOAD / STORE uop, in order: the distance (bytes) of its next-row prefetch in a row kernel, 0 for none
+    self._row_load_ahead: List[int] = []
+    self._row_store_ahead: List[int] = []
     self.simd_bytes = host_simd_bytes()
     self._x86 = platform.machine().lower() in ("x86_64", "amd64")
     self.simd_registers = host_simd_registers(self.simd_bytes)
     self.stream_min_bytes = stream_min_bytes(self.simd_bytes, _cpu_flags())
     self.stream_prefetch_bytes = stream_prefetch_bytes(self.stream_min_bytes)
+    self.row_prefetch = bool(ROW_PREFETCH)   # row kernels prefetch the next row (tiny_clang.row_prefetch)
 
   def hand_coded_optimizations(self, k: Kernel) -> bool:
     """The host CPU's tiling heuristic (tiny_clang.heuristics) instead of core's device-neutral one."""
@@ -306,7 +311,12 @@ class ClangRenderer(CStyleLanguage):
 
   def render_load(self, output_dtype: DType, buf_name: str, buf_dtype: DType, idx: str, local: bool = False) -> str:
     prefetch = self._prefetching.pop(0) if self._prefetching else False
+    row_ahead = self._row_load_ahead.pop(0) if self._row_load_ahead else 0
     kind = _f16kind(buf_dtype)
+    if kind is None and row_ahead and not prefetch:
+      # into L2 (prefetcht1): the next row waits there while this one is walked again from L1
+      ahead = f"__builtin_prefetch((const void*)((__UINTPTR_TYPE__)({buf_name}+({idx}))+{row_ahead}), 0, 2)"
+      return f"({{ {ahead}; {super().render_load(output_dtype, buf_name, buf_dtype, idx, local)}; }})"
     if kind is None and prefetch:
       # through an integer: the address ahead may lie past the end of the buffer, which prefetcht0 ignores
       ahead = f"__builtin_prefetch((const void*)((__UINTPTR_TYPE__)({buf_name}+({idx}))+{self.stream_prefetch_bytes}))"
@@ -321,7 +331,11 @@ class ClangRenderer(CStyleLanguage):
 
   def render_store(self, buf_name: str, buf_dtype: DType, var_name: str, var_dtype: DType, idx: str, local: bool = False) -> str:
     streaming = self._streaming.pop(0) if self._streaming else False
+    row_ahead = self._row_store_ahead.pop(0) if self._row_store_ahead else 0
     kind = _f16kind(buf_dtype)
+    if kind is None and row_ahead and not streaming:
+      ahead = f"__builtin_prefetch((void*)((__UINTPTR_TYPE__)({buf_name}+({idx}))+{row_ahead}), 1, 2);"
+      return f"{ahead} {super().render_store(buf_name, buf_dtype, var_name, var_dtype, idx, local)}"
     if kind is None and streaming:
       return self._render_streaming_store(buf_name, var_name, var_dtype, idx)
     if kind is None:
@@ -351,6 +365,9 @@ class ClangRenderer(CStyleLanguage):
     self._streaming = [u in self._streams for u in uops if u.op is UOps.STORE]
     prefetched = prefetched_loads(uops, self._streams, self.stream_prefetch_bytes)
     self._prefetching = [u in prefetched for u in uops if u.op is UOps.LOAD]
+    row_ahead = row_prefetches(uops, self.row_prefetch)
+    self._row_load_ahead = [row_ahead[u][0] if u in row_ahead else 0 for u in uops if u.op is UOps.LOAD]
+    self._row_store_ahead = [row_ahead[u][0] if u in row_ahead else 0 for u in uops if u.op is UOps.STORE]
     self._uops = uops
     return super().render(name, uops)
 

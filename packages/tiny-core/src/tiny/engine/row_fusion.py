@@ -9,8 +9,11 @@ The scheduler fuses only this narrow pattern (anything else keeps its kernels), 
 `row_kernels` (the CPUs: one thread walks a row, which a GPU would do slowly):
 - the output is an elementwise op of an int shape F whose row axis is the last axis of F (rows contiguous in the loop
   order; one axis, so the store has one loop over it: softmax(-1), layernorm(-1));
-- it is computed from realized buffers (any view), constants, unrealized elementwise ops read whole and unmasked, and
-  row statistics read through a plain broadcast along the row axes;
+- it is computed from realized buffers (any view), constants, unrealized elementwise ops read through views that do not
+  pad (an elementwise op broadcast along the row axes only when it is a row statistic), row
+  statistics read through a plain broadcast along the row axes, and unrealized reduces of other axes read through a
+  reshape (attention's q @ k^T): those keep a kernel of their own (the scheduler realizes them, maybe with the
+  elementwise ops after them), whose output the row kernel reads;
 - a row statistic is a chain of elementwise ops (on constants only) over one SUM or MAX of the row axes of an input of
   shape F, whose source follows the same rules (so a statistic may use an earlier one: the sum of exp(x - max));
 - every reduce reduces that axis; a row holds at most _ROW_MAX_ELEMENTS elements (it should stay in cache);
@@ -19,7 +22,7 @@ The scheduler fuses only this narrow pattern (anything else keeps its kernels), 
 """
 from __future__ import annotations
 
-from typing import DefaultDict, Dict, Optional, Set, Tuple
+from typing import DefaultDict, Dict, NamedTuple, Optional, Set, Tuple
 
 from tiny.dtype import ImageDType
 from tiny.helpers import all_int, prod
@@ -42,6 +45,12 @@ def _plain_broadcast(x: LazyBuffer, shape: Tuple[sint, ...]) -> bool:
   return x.st == ShapeTracker.from_shape(base).expand(shape)
 
 
+def _unmasked_view(x: LazyBuffer) -> bool:
+  """x reads its base through views without padding (reshapes, permutes, shrinks, broadcasts: attention's (T, T) mask
+  broadcast over the heads); the row kernel computes the base at each index it reads."""
+  return all(v.mask is None for v in x.st.views)
+
+
 class _NotARow(Exception):
   """The graph of this output does not fit the row kernel pattern."""
 
@@ -56,6 +65,7 @@ class _RowWalk:
     self.axes: Optional[Tuple[int, ...]] = None
     self.members: Set[LazyBuffer] = set()   # unrealized ops the kernel computes (the output's graph, the reduces' sources)
     self.stats: Set[LazyBuffer] = set()     # the statistics' chains and their reduces
+    self.fed: Set[LazyBuffer] = set()       # reduces that are no statistic, read as inputs (realized by the scheduler)
     self.done: Set[LazyBuffer] = set()
 
   def _inlinable(self, b: LazyBuffer) -> bool:
@@ -69,8 +79,8 @@ class _RowWalk:
       if xb in self.assign_targets:
         raise _NotARow("reads an assigned buffer")
       return
-    if xb.op is MetaOps.CONST:
-      return
+    if xb.op in (MetaOps.CONST, MetaOps.ARANGE):
+      return   # computed from the index wherever it is read (an arange builds attention's causal mask)
     if xb.shape != self.shape and _plain_broadcast(x, self.shape):
       if self._inlinable(xb) and self.statistic(xb):
         return
@@ -79,7 +89,11 @@ class _RowWalk:
       raise _NotARow("an expanded op that is not a row statistic")
     if xb in self.realizes:
       return   # another kernel's output, read as an input
-    if not self._inlinable(xb) or not isinstance(xb.op, _ELEMENTWISE) or (x is not xb and not (x.st.contiguous and x.shape == xb.shape)):
+    if xb.op in ReduceOps and self._inlinable(xb) and xb not in self.stats and x.st.contiguous and x.size == xb.size:
+      # a reduce of other axes (scores = q @ k^T): a kernel of its own computes it, this one reads its output
+      self.fed.add(xb)
+      return
+    if not self._inlinable(xb) or not isinstance(xb.op, _ELEMENTWISE) or (x is not xb and not _unmasked_view(x)):
       raise _NotARow(f"cannot inline {xb.op}")
     self.expression(xb)
 
@@ -140,14 +154,22 @@ def _device_takes_rows(device: str) -> bool:
     return False
 
 
+class RowKernels(NamedTuple):
+  """What row_kernels decided, for the scheduler's pairing of reduces with kernels."""
+  inlined: Set[LazyBuffer]   # the statistics' reduces: computed inside row kernels, no kernel of their own
+  fed: Set[LazyBuffer]       # reduces whose outputs row kernels read: each must get a kernel of its own
+  outputs: Set[LazyBuffer]   # the row kernels' outputs: no other reduce's kernel may store them
+
+
 def row_kernels(realizes: Dict[LazyBuffer, None], children: DefaultDict[LazyBuffer, Dict[LazyBuffer, None]], protected: Set[LazyBuffer],
-                assign_targets: Dict[LazyBuffer, LazyBuffer]) -> Set[LazyBuffer]:
+                assign_targets: Dict[LazyBuffer, LazyBuffer]) -> RowKernels:
   """Find the outputs that become row kernels and take their statistics out of realizes (they are inlined).
 
-  protected: bases that must keep a buffer of their own (the schedule's outputs). Returns the inlined reduces, which
-  need no kernel of their own."""
+  protected: bases that must keep a buffer of their own (the schedule's outputs)."""
   inlined: Set[LazyBuffer] = set()
   claimed: Set[LazyBuffer] = set()
+  fed: Set[LazyBuffer] = set()
+  outputs: Set[LazyBuffer] = set()
   for out in list(realizes):
     if out.realized is not None or not isinstance(out.op, _ELEMENTWISE) or isinstance(out.dtype, ImageDType) or \
         not all_int(out.shape) or out in claimed or not _device_takes_rows(out.device):
@@ -163,9 +185,14 @@ def row_kernels(realizes: Dict[LazyBuffer, None], children: DefaultDict[LazyBuff
     # what the kernel inlines must be read only inside it (another kernel would need it in memory), and by one row kernel
     if group & claimed or any(c is not out and c not in group for b in group for c in children[b]):
       continue
+    # a reduce one row kernel reads as an input cannot be inlined by another, nor the other way round
+    if walk.fed & claimed or walk.stats & fed:
+      continue
     claimed |= group | {out}
+    fed |= walk.fed
+    outputs.add(out)
     for b in walk.stats:
       realizes.pop(b, None)
       if b.op in ReduceOps:
         inlined.add(b)
-  return inlined
+  return RowKernels(inlined, fed, outputs)

@@ -24,7 +24,7 @@ from tiny import eager_key
 from tiny.device import Buffer
 from tiny.dtype import ImageDType
 from tiny.engine import graph_viz
-from tiny.engine.row_fusion import row_kernels
+from tiny.engine.row_fusion import RowKernels, row_kernels
 from tiny.helpers import DEBUG, MULTIOUTPUT, ROW_FUSION, Metadata, all_int, dedup, getenv, merge_dicts, prod
 from tiny.lazy import LazyBuffer
 from tiny.ops import UNSAFE_PAD_OPS, ArangeBuffer, BinaryOps, BufferOps, ConstBuffer, LazyOp, MemBuffer, MetaOps, ReduceOps, TernaryOps, UnaryOps
@@ -413,17 +413,17 @@ def _assign_hazard(group: Set[LazyBuffer], extra: Set[LazyBuffer], realizes: Dic
 
 
 def _pair_reduces(allbufs: Dict[LazyBuffer, None], realizes: Dict[LazyBuffer, None], children: DefaultDict[LazyBuffer, Dict[LazyBuffer, None]],
-                  assign_targets: Dict[LazyBuffer, LazyBuffer], inlined: Set[LazyBuffer]) -> Dict[LazyBuffer, LazyBuffer]:
+                  assign_targets: Dict[LazyBuffer, LazyBuffer], rows: RowKernels) -> Dict[LazyBuffer, LazyBuffer]:
   """Give every reduce a kernel: fuse it into its realized descendants when that is clean, else realize it (a reduce a
-  row kernel inlines has no kernel of its own)."""
+  row kernel inlines has no kernel of its own; one a row kernel reads gets one of its own)."""
   reduce_for_op: Dict[LazyBuffer, LazyBuffer] = {}
   for r in allbufs:
-    if r.op not in ReduceOps or r in realizes or r in inlined:
+    if r.op not in ReduceOps or r in realizes or r in rows.inlined:
       continue
     group: Set[LazyBuffer] = set()
     _recursive_group(r, r.st, r, children, realizes, reduce_for_op, group)
     can_chase = all(tr not in reduce_for_op for tr in group)
-    forced = r in group
+    forced = r in group or r in rows.fed
     if not forced and len(group) > 1:
       # a multi-output kernel is only possible when no output depends on another reduce
       forced = _needs_other_reduce(group, r)
@@ -456,7 +456,7 @@ def _pair_reduces(allbufs: Dict[LazyBuffer, None], realizes: Dict[LazyBuffer, No
           if len(st_childs) > 1 or st.size != st_childs[0].st.size:
             break
           st = st + st_childs[0].st
-          if not st.contiguous or tr_next.op in ReduceOps or tr_next.op in MetaOps:
+          if not st.contiguous or tr_next.op in ReduceOps or tr_next.op in MetaOps or tr_next in rows.outputs:
             break
           tr = tr_next
         # storing an up-cast result wastes bandwidth: store before the cast instead
@@ -500,8 +500,8 @@ def _graph_schedule(outs: Sequence[LazyBuffer], seen: Set[LazyBuffer]) -> _Graph
       realizes[p] = None
 
   # softmax/layernorm-like outputs become row kernels that inline their row statistics (see row_fusion.py)
-  inlined = row_kernels(realizes, children, {x.base for x in outs}, assign_targets) if ROW_FUSION else set()
-  reduce_for_op = _pair_reduces(allbufs, realizes, children, assign_targets, inlined)
+  rows = row_kernels(realizes, children, {x.base for x in outs}, assign_targets) if ROW_FUSION else RowKernels(set(), set(), set())
+  reduce_for_op = _pair_reduces(allbufs, realizes, children, assign_targets, rows)
 
   output_groups: DefaultDict[LazyBuffer, List[LazyBuffer]] = defaultdict(list)
   for buf in realizes:
