@@ -45,8 +45,8 @@ class CPUGraph(GraphRunner):
     self.n = n
     self.fns = (ctypes.c_void_p * n)(*[p.entry for p in self.progs])
     self.argp = (ctypes.c_void_p * n)(*[ctypes.addressof(a) for a in self.args])
-    # kernels that ran on several cores when captured (or may, under THREADS>1) are split here too
-    self.par = (ctypes.c_int32 * n)(*[int(bool(p.parallel) and p.threads() > 1) for p in self.progs])
+    # kernels that ran (or would have run) on several cores when captured, or may under THREADS>1, are split here too
+    self.par = (ctypes.c_int32 * n)(*[int(p.graph_threads() > 1) for p in self.progs])
     self.pool = get_pool()
 
   def __call__(self, rawbufs: List[Any], var_vals: Dict[Any, int], wait: bool = False) -> Optional[float]:

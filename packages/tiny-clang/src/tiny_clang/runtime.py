@@ -82,6 +82,22 @@ class CPUProgram:
     self.pool.run1(self.entry, args, self.parallel, self.threads())
     return None
 
+  def graph_threads(self) -> int:
+    """The core count a JIT graph (tiny_clang.graph.CPUGraph) fixes for this kernel when it captures it.
+
+    That is threads() once the first runs have settled it. A TinyJit captures on its second call, so a kernel whose
+    first run took under 100 * PARALLEL_MIN_SECONDS is still unsettled then; threads() says 1 for it, and the graph
+    used to run it on one core for good. It gets the rule applied to the runs timed so far instead. MNIST step b64 on
+    CLANG, 2 cores: 45 of its 60 kernels were captured unsettled; on a quiet machine that is every kernel under ~4 ms,
+    ~17 of the step's ~61 ms of single-core kernel time (estimated from per-kernel single-core times). With no run timed
+    yet the kernel is split: a small kernel loses a few microseconds to the pool, a large one left on one core of two
+    takes twice as long."""
+    if not self.parallel:
+      return 1
+    if THREADS.value > 0 or self.auto_threads is not None:
+      return self.threads()
+    return num_threads() if not self._samples or min(self._samples) > PARALLEL_MIN_SECONDS else 1
+
   # the kernel function itself (not its entry): `NAME(ptr, ..., core, ncores)`, and a ctypes prototype over it by the
   # number of buffers, made on the first direct call
   fn_addr = 0
