@@ -129,6 +129,48 @@ def test_compile_many_uses_one_compiler_process(monkeypatch: pytest.MonkeyPatch)
     np.testing.assert_array_equal(run_kernel(f"k{i}", lib, X), X * np.float32(2.0 + i))
 
 
+def test_link_groups_keep_equal_names_apart() -> None:
+  names = ["a", "b", "a", "a", "c", "b"]
+  scopes = [file_scope(scale_kernel(1.0, name=n)) for n in names]
+  groups = cc_mod.link_groups(scopes)   # type: ignore[arg-type]
+  assert groups == [[0, 1, 4], [2, 5], [3]]
+  for g in groups:
+    assert len({names[i] for i in g}) == len(g), "no name twice in one shared object"
+
+
+def test_compile_many_links_once_per_group(monkeypatch: pytest.MonkeyPatch) -> None:
+  # three kernels named apart share one link; the two named like the first get theirs: 3 runs of ld for 5 sources
+  comp, runs = _spied_compiler(monkeypatch)
+  names = ["k0", "k1", "k0", "k2", "k0"]
+  libs = comp.compile_many([scale_kernel(2.0 + i, name=n) for i, n in enumerate(names)])
+  assert sum(1 for cmd in runs if cmd[0] == comp.cc[0]) == 1
+  assert sum(1 for cmd in runs if cmd[0] == comp.ld) == 3, [cmd[0] for cmd in runs]
+  assert libs[0] == libs[1] == libs[3] and libs[2] != libs[0] and libs[4] not in (libs[0], libs[2])
+  for i, (n, lib) in enumerate(zip(names, libs)):
+    assert lib is not None
+    # each kernel's own code, whatever else its shared object holds
+    np.testing.assert_array_equal(run_kernel(n, lib, X), X * np.float32(2.0 + i))
+    with pytest.raises(AttributeError):
+      getattr(ClangProgram(n, lib).so, "tiny_b0_k0")
+
+
+def test_compile_many_group_with_a_libc_caller() -> None:
+  # one kernel of the group calls into libc: the group is linked against it and both kernels still work
+  src = scale_kernel(3.0, name="m").replace("data0[i] = helper(data1[i]);", "data0[i] = helper(data1[i]);\n  }\n  {\n"
+                                            "    __builtin_memset(data0 + (int)data1[15], 0, (int)data1[14] * sizeof(float));")
+  comp = ClangCompiler()
+  if comp.ld is None:
+    pytest.skip("no direct linker here: compile_many compiles one source at a time")
+  libs = comp.compile_many([scale_kernel(2.0), src])
+  assert libs[0] is not None and libs[0] == libs[1]
+  np.testing.assert_array_equal(run_kernel("k", libs[0], X), X * np.float32(2.0))
+  x = np.full(16, 2.0, np.float32)
+  x[14], x[15] = 3, 4
+  want = x * np.float32(3.0)
+  want[4:7] = 0
+  np.testing.assert_array_equal(run_kernel("m", libs[0], x), want)
+
+
 def test_compile_many_isolates_a_bad_source() -> None:
   comp = ClangCompiler()
   srcs = [scale_kernel(2.0), scale_kernel(3.0).replace("helper(data1[i]);", "helper(data1[i]) +;"), scale_kernel(4.0)]

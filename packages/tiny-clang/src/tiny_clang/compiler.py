@@ -16,7 +16,7 @@ import sys
 import tempfile
 import threading
 from dataclasses import dataclass
-from typing import IO, Any, Dict, List, Optional, Sequence, Tuple, cast
+from typing import IO, Any, Dict, List, Optional, Sequence, Set, Tuple, cast
 
 from tiny.backend import CompileError, Compiler
 
@@ -252,7 +252,7 @@ class ClangCompiler(Compiler):
     return proc.stdout
 
   # the engine hands over at most this many sources at once: 8 already spread the compiler's start over enough kernels,
-  # while every kernel's link reads the whole batch object and the last batches of a first call are waited for
+  # while every link reads the whole batch object and the last batches of a first call are waited for
   max_batch = 8
   # and when it shares out the last sources, no fewer than this many per batch: each one starts a compiler process,
   # which costs about as much as compiling a small kernel
@@ -262,8 +262,9 @@ class ClangCompiler(Compiler):
     """Shared objects of many sources from ONE compiler process, the same code compile() gives each of them.
 
     Starting clang costs about as much as compiling a small kernel, so the sources become one translation unit (each
-    one's file-scope names renamed, see batch_source), compiled with a section per function, and the linker cuts one
-    shared object per source out of it: only that source's sections, its exported names aliased back to the originals.
+    one's file-scope names renamed, see batch_source), compiled with a section per function, and the linker cuts shared
+    objects out of it: one per group of sources whose exported names differ (see link_groups), with only the group's
+    sections and its exported names aliased back to the originals.
     A source the batch cannot take (see file_scope), a batch that fails, or a link that fails goes through compile()
     alone; None marks a source that does not compile at all (compile() raises its error). A subclass or a patch that
     replaces compile() is honoured: then every source goes through it."""
@@ -295,20 +296,52 @@ class ClangCompiler(Compiler):
       return [None] * len(srcs)
     if proc.returncode != 0 or not proc.stdout:
       return [None] * len(srcs)
-    libs: List[Optional[bytes]] = []
+    libs: List[Optional[bytes]] = [None] * len(srcs)
     obj_fd = _memfd_with("tiny_clang_batch", proc.stdout)
     try:
-      for i, scope in enumerate(scopes):
-        # keep (--gc-sections) what the exported names reach, export only them (the version script), under their own names
-        vfd = _memfd_with("tiny_clang_exports", f"{{ global: {'; '.join(scope.exported)}; local: *; }};".encode())
-        try:
-          aliases = [f"--defsym={n}={batch_prefix(i)}{n}" for n in scope.exported]
-          libs.append(_link_fd(self.ld, obj_fd, ["--gc-sections", f"--version-script=/proc/self/fd/{vfd}", *aliases], (vfd,)))
-        finally:
-          os.close(vfd)
+      for group in link_groups(scopes):
+        lib = self._link_group(obj_fd, [(i, scopes[i]) for i in group]) if len(group) > 1 else None
+        for i in group:
+          # a group whose link failed is linked one source at a time, as a batch without groups would be
+          libs[i] = lib if lib is not None else self._link_group(obj_fd, [(i, scopes[i])])
     finally:
       os.close(obj_fd)
     return libs
+
+  def _link_group(self, obj_fd: int, members: Sequence[Tuple[int, FileScope]]) -> Optional[bytes]:
+    """One shared object holding the batch sources `members` (index in the batch, scope): only their sections are kept
+    (--gc-sections keeps what the exported names reach), and only their exported names leave it (the version script),
+    each under its own name. None when ld fails."""
+    assert self.ld is not None
+    exported = [n for _, scope in members for n in scope.exported]
+    vfd = _memfd_with("tiny_clang_exports", f"{{ global: {'; '.join(exported)}; local: *; }};".encode())
+    try:
+      aliases = [f"--defsym={n}={batch_prefix(i)}{n}" for i, scope in members for n in scope.exported]
+      return _link_fd(self.ld, obj_fd, ["--gc-sections", f"--version-script=/proc/self/fd/{vfd}", *aliases], (vfd,))
+    finally:
+      os.close(vfd)
+
+
+def link_groups(scopes: Sequence[FileScope]) -> List[List[int]]:
+  """The sources of a batch (by index) in groups that share one shared object, in order; no two sources of a group
+  export the same name.
+
+  Each run of ld costs a process start and a read of the whole batch object, ~5 ms per kernel at a first call: a group is
+  linked once and every source of it gets the same shared object, which holds the machine code of the group's kernels
+  (each one the code compile() gives it) and exports their names. A runtime looks up the names of its own kernel, which
+  no other kernel of the group has. Kernels of one model often share a name (`E_4_16` with another constant), so the
+  sources are spread over as few groups as their names allow."""
+  groups: List[Tuple[List[int], Set[str]]] = []
+  for i, scope in enumerate(scopes):
+    names = set(scope.exported)
+    for members, taken in groups:
+      if not names & taken:
+        members.append(i)
+        taken |= names
+        break
+    else:
+      groups.append(([i], names))
+  return [members for members, _ in groups]
 
 
 # compile() as defined here: compile_many batches only while compile() is this one, not a subclass's or a patched one
