@@ -47,6 +47,7 @@ def test_matvec_split_matches_numpy(device: str) -> None:
   np.testing.assert_allclose(out.numpy(), xn @ wn + bn, rtol=1e-4, atol=1e-4)
   np.testing.assert_allclose((x @ w).gelu().numpy(), Tensor(xn @ wn, device=device).gelu().numpy(), rtol=1e-4, atol=1e-4)
   # a 1-D vector on the left too
+  assert _kernels(x.reshape(768) @ w) == 2
   np.testing.assert_allclose((x.reshape(768) @ w).numpy(), xn.reshape(768) @ wn, rtol=1e-4, atol=1e-4)
 
 
@@ -63,6 +64,17 @@ def test_matvec_not_split(device: str) -> None:
   np.testing.assert_allclose(out.numpy(), xt.numpy() @ wn.T, rtol=1e-4, atol=1e-4)
   small = Tensor(_rand(256, 512, seed=7), device=device).realize()
   assert _kernels(Tensor(_rand(1, 256, seed=8), device=device).realize() @ small) == 1
+
+
+def test_matvec_split_gradients() -> None:
+  """Gradients through the split product are numpy's: x.grad = g @ W.T, W.grad = x.T @ g."""
+  xn, wn = _rand(1, 768, seed=11), _rand(768, 1024, seed=12)
+  x = Tensor(xn, device="CLANG", requires_grad=True)
+  w = Tensor(wn, device="CLANG", requires_grad=True)
+  (x @ w).sum().backward()
+  assert x.grad is not None and w.grad is not None
+  np.testing.assert_allclose(x.grad.numpy(), np.ones((1, 1024), np.float32) @ wn.T, rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(w.grad.numpy(), xn.T @ np.ones((1, 1024), np.float32), rtol=1e-5, atol=1e-5)
 
 
 def test_matvec_split_follows_weight_updates() -> None:

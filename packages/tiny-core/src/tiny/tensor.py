@@ -1776,7 +1776,7 @@ class Tensor:
     out_dtype = least_upper_dtype(self.dtype, w.dtype) if acc_dtype is None else _to_dtype(acc_dtype)
     if n1 >= 2 and n2 == 2 and (width := self._matmul_panel(w)):
       return self._dot_panels(w, width, acc_dtype).cast(out_dtype)
-    if n1 >= 2 and n2 == 2 and (block := self._matvec_split(w, acc_dtype)):
+    if n2 == 2 and (block := self._matvec_split(w, acc_dtype)):
       return self._dot_split_reduce(w, block, acc_dtype).cast(out_dtype)
     if n1 >= 2 and n2 >= 3 and self._strided_columns(w):
       w = w.contiguous()
