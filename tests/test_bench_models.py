@@ -28,3 +28,18 @@ def test_gpt2_micro_matches_torch(attention: str) -> None:
     got, want = decode().numpy(), ref_decode().numpy()
     np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-4)
     assert got.argmax() == want.argmax()
+
+
+def test_gpt2_wide_decode_matches_torch() -> None:
+  """Layers wide enough (d=512: 3-4 MiB up- and down-projections) that the CPU devices split decode's matrix-vector
+  products along the reduce (tiny_clang.matvec_split): the decoded logits still match torch's, step after step."""
+  cfg = gpt2.get_config("2,512,8,1024")
+  weights = gpt2.random_weights(cfg, seed=5)
+  prompt = 8
+  prefill, decode, _ = gpt2.tensor_runners("tiny", weights, cfg, prompt)
+  ref_prefill, ref_decode, _ = gpt2.torch_runners(weights, cfg, prompt)
+  np.testing.assert_allclose(prefill().numpy(), ref_prefill().numpy(), atol=5e-5, rtol=1e-4)
+  for _ in range(5):
+    got, want = decode().numpy(), ref_decode().numpy()
+    np.testing.assert_allclose(got, want, atol=5e-5, rtol=1e-4)
+    assert got.argmax() == want.argmax()

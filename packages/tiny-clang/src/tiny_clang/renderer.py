@@ -27,6 +27,7 @@ from tiny.backend import BinaryOps, CStyleLanguage, DType, Kernel, PatternMatche
 from tiny_clang.heuristics import cpu_hand_coded_optimizations
 from tiny_clang.conv_padding import pads_conv_input
 from tiny_clang.matmul_panels import panel_width
+from tiny_clang.matvec_split import split_block
 from tiny_clang.row_prefetch import ROW_PREFETCH, row_prefetches
 from tiny_clang.streaming_stores import prefetched_loads, stream_min_bytes, stream_prefetch_bytes, streaming_stores
 from tiny_clang.tile_loops import UNROLL_TILE, tile_loops
@@ -247,6 +248,10 @@ class ClangRenderer(CStyleLanguage):
   def matmul_panel(self, m: int, k: int, n: int, dtype: DType) -> int:
     """Pack b into panels of two vectors of columns for large products (tiny_clang.matmul_panels)."""
     return panel_width(self.simd_bytes, m, k, n, dtype)
+
+  def matvec_split(self, m: int, k: int, n: int, dtype: DType) -> int:
+    """Split large vector-matrix products along the reduce (tiny_clang.matvec_split)."""
+    return split_block(self.simd_bytes, m, k, n, dtype)
 
   def pads_conv_input(self, padded_spatial: Tuple[int, ...], dtype: DType) -> bool:
     """Copy large padded conv inputs into a zero-padded buffer (tiny_clang.conv_padding)."""

@@ -1776,6 +1776,8 @@ class Tensor:
     out_dtype = least_upper_dtype(self.dtype, w.dtype) if acc_dtype is None else _to_dtype(acc_dtype)
     if n1 >= 2 and n2 == 2 and (width := self._matmul_panel(w)):
       return self._dot_panels(w, width, acc_dtype).cast(out_dtype)
+    if n2 == 2 and (block := self._matvec_split(w, acc_dtype)):
+      return self._dot_split_reduce(w, block, acc_dtype).cast(out_dtype)
     if n1 >= 2 and n2 >= 3 and self._strided_columns(w):
       w = w.contiguous()
     x = self.reshape(*self.shape[0:-1], *[1] * min(n1 - 1, n2 - 1, 1), self.shape[-1])
@@ -1790,6 +1792,25 @@ class Tensor:
     m, (k, n) = prod(cast(Tuple[int, ...], self.shape[:-1])), cast(Tuple[int, int], w.shape)
     width = renderer.matmul_panel(m, k, n, self.dtype)
     return width if width > 1 and n % width == 0 else 0
+
+  def _matvec_split(self, w: Tensor, acc_dtype: Optional[DTypeLike]) -> int:
+    """Rows of w per reduce block the device's renderer asks for self @ w (one row of self, 2-D row-major w), 0: none."""
+    if not isinstance(w.lazydata, LazyBuffer) or self.device != w.device or self.dtype != w.dtype or not all_int(w.shape) or \
+        not all_int(self.shape) or (acc_dtype is not None and _to_dtype(acc_dtype) != self.dtype) or (renderer := self._renderer()) is None:
+      return 0
+    m, (k, n) = prod(cast(Tuple[int, ...], self.shape[:-1])), cast(Tuple[int, int], w.shape)
+    # rows of w must be contiguous for the blocks to stream them (x @ W.T reads W along its rows already)
+    if w.lazydata.st.real_strides() != (n, 1):
+      return 0
+    block = renderer.matvec_split(m, k, n, self.dtype)
+    return block if 1 < block < k and k % block == 0 else 0
+
+  def _dot_split_reduce(self, w: Tensor, block: int, acc_dtype: Optional[DTypeLike]) -> Tensor:
+    """self @ w as partial sums over blocks of `block` rows of w, then their sum (see `Renderer.matvec_split`)."""
+    k, n = cast(Tuple[int, int], w.shape)
+    x = self.reshape(*self.shape[:-1], k // block, block, 1)
+    partial = (x * w.reshape(k // block, block, n)).sum(-2, acc_dtype=acc_dtype)   # (..., k // block, n)
+    return partial.sum(-2, acc_dtype=acc_dtype)
 
   def _strided_columns(self, w: Tensor) -> bool:
     """True when a batched product self @ w (3-D or more w) should read w from a copy whose columns are contiguous: the

@@ -273,6 +273,16 @@ class Renderer:
     product's O(m*k*n). GPU-like targets tile through local memory instead and keep the default."""
     return 0
 
+  def matvec_split(self, m: int, k: int, n: int, dtype: DType) -> int:
+    """Rows of the right operand per block when `Tensor.dot` should split an (m, k) @ (k, n) product along the reduce
+    into per-block partial sums (one kernel) added up by a second one; 0: never.
+
+    A loop-based target reads a row-major right matrix a strip of columns at a time, a short piece of every row per
+    strip; with one row on the left nothing is reused and the product only streams the matrix. Split into blocks of
+    rows, the first kernel walks a block's rows whole, side by side, which hardware prefetchers follow. The default
+    keeps the single kernel."""
+    return 0
+
   def pads_conv_input(self, padded_spatial: Tuple[int, ...], dtype: DType) -> bool:
     """True when `Tensor.conv2d` should copy a padded input into a zero-padded buffer before the conv; False: read it
     through the padded view.
