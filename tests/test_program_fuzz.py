@@ -278,6 +278,29 @@ def test_time_boxed_fuzzing_checks_programs_and_stops_at_the_failure_limit(monke
   assert len(calls) == 2 and "reproducer 1" in out and "reproducer 2" in out and f"{COMPUTE[0]}: 2 programs, 2 failed" in out
 
 
+def test_seed_decides_the_programs_in_every_process(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+  """--seed S reproduces a run: program i is drawn from f"{S}:{i}" the same way in any process (hypothesis' .example()
+  could not be seeded, so a failure whose reproducer was not saved was lost); --only i checks just that program, and
+  each failure is printed as soon as it is found, with the command that reruns it."""
+  code = "from tiny.testing.program_fuzz import draw_program; print(chr(10).join(draw_program('5:3').source()))"
+  runs = [subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONHASHSEED": h}, capture_output=True, text=True, timeout=300)
+          for h in ("1", "2")]
+  assert runs[0].returncode == 0, runs[0].stderr[-2000:]
+  assert runs[0].stdout == runs[1].stdout and "Tensor(" in runs[0].stdout
+  assert runs[0].stdout.strip() == "\n".join(pf.draw_program("5:3").source())
+  assert pf.draw_program("5:3").source() != pf.draw_program("5:4").source()
+  seen = []
+
+  def broken(prog: Any, device: str, settings: Any) -> None:
+    seen.append(prog)
+    raise AssertionError("reproducer of the drawn program")
+  monkeypatch.setattr(pf, "check_program", broken)
+  assert pf.main([COMPUTE[0], "--seed", "5", "--only", "3"]) == 1
+  out = capsys.readouterr().out
+  assert out.startswith(f"{COMPUTE[0]}: seed 5\n") and "program 3 failed (rerun: --seed 5 --only 3)" in out
+  assert len(seen) == 1 and seen[0] == pf.draw_program("5:3")
+
+
 # *** integer division and unsigned wrap-around ***
 
 def _ints(name: str, values: Any, dt: Any) -> pf.Input:

@@ -60,8 +60,12 @@ def test_const_folding():
 
 def test_identities():
   a = realized(np.arange(6, dtype=np.float32).reshape(2, 3))
-  assert a.e(BinaryOps.ADD, a.const(0)) is a
-  assert a.const(0).e(BinaryOps.ADD, a) is a
+  # float x + 0.0 stays an add (-0.0 + 0.0 is +0.0); x + -0.0 is x for every float, and int x + 0 is x
+  assert a.e(BinaryOps.ADD, a.const(-0.0)) is a
+  assert a.const(-0.0).e(BinaryOps.ADD, a) is a
+  assert a.e(BinaryOps.ADD, a.const(0)).base.op is BinaryOps.ADD
+  ai0 = realized(np.arange(6, dtype=np.int32).reshape(2, 3))
+  assert ai0.e(BinaryOps.ADD, ai0.const(0)) is ai0 and ai0.const(0).e(BinaryOps.ADD, ai0) is ai0
   assert a.e(BinaryOps.MUL, a.const(1)) is a
   # float x*0 stays a multiply (inf*0 and NaN*0 are NaN, -2*0 is -0.0); int x*0 folds to the constant 0
   z = a.e(BinaryOps.MUL, a.const(0))

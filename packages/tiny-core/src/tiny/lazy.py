@@ -15,7 +15,7 @@ from tiny import eager_key
 from tiny.device import Buffer, recycle_buffer, take_free_buffer
 from tiny.dtype import ConstType, DType, dtypes
 from tiny.helpers import DEBUG, SPLIT_REDUCEOP, _METADATA, Metadata, all_int, all_same, getenv, prod
-from tiny.ops import BinaryOps, MetaOps, Op, ReduceOps, TernaryOps, UnaryOps, exec_alu, python_alu
+from tiny.ops import BinaryOps, MetaOps, Op, ReduceOps, TernaryOps, UnaryOps, exec_alu, is_add_identity, python_alu
 from tiny.registry import Device
 from tiny.shape.shapetracker import ShapeTracker, _contiguous_tracker
 from tiny.shape.symbolic import Variable, sint
@@ -386,7 +386,7 @@ class LazyBuffer:
         if not is_const:
           continue
         val = b.base.arg
-        if op is BinaryOps.ADD and val == 0:
+        if op is BinaryOps.ADD and is_add_identity(val, out_dtype):
           return a
         if op is BinaryOps.MUL and val == 1:
           return a
@@ -470,13 +470,13 @@ def scalar_binop(x: LazyBuffer, op: BinaryOps, val: ConstType, reverse: bool, ta
   """`x <op> val` (`val <op> x` when reverse) for op ADD or MUL and a Python scalar val that is already what
   dtypes.as_const gives for x's dtype: the graph x.e(op, x.fresh_const(val)) builds, without its generic checks, and with
   its eager id (see tiny.eager_key.scalar_op_id; `tag` names op and side there). None where e() has more to decide: a
-  folding (x + 0, x * 1, x * -1, integer x * 0, a lazy constant x), a contiguous_child to read instead, a symbolic or
-  empty shape."""
+  folding (x + 0 for ints and x + -0.0 for floats, x * 1, x * -1, integer x * 0, a lazy constant x), a contiguous_child
+  to read instead, a symbolic or empty shape."""
   b = x._base if x._base is not None else x
   if b.contiguous_child is not None or (b.op is MetaOps.CONST and hasattr(b, "srcs")):
     return None
   if op is BinaryOps.ADD:
-    if val == 0:
+    if is_add_identity(val, x.dtype):
       return None
   elif val == 1 or val == -1 or (val == 0 and not dtypes.is_float(x.dtype)):
     return None

@@ -324,6 +324,15 @@ def _ident(x: Any) -> Any:
   return x
 
 
+def is_add_identity(c: Any, dtype: DType) -> bool:
+  """True when x + c == x for every x of dtype, bit for bit: a zero of an int or bool dtype, but of a float dtype only
+  -0.0 (IEEE gives -0.0 + 0.0 == +0.0, so x + 0.0 turns a negative zero positive; x + -0.0 keeps every x, NaN and
+  infinities included)."""
+  if dtypes.is_float(dtype.scalar()):
+    return c == 0 and math.copysign(1.0, float(c)) < 0
+  return c == 0
+
+
 def exec_alu(op: Op, dtype: DType, operands: Union[List[Any], Tuple[Any, ...]]) -> Any:
   """Apply op to Python scalars with C-like semantics and truncate the result to dtype."""
   if op is BinaryOps.THREEFRY:

@@ -7,7 +7,7 @@ import math
 from typing import Callable, List, Optional, Sequence, Tuple
 
 from tiny.dtype import dtypes
-from tiny.ops import BinaryOps, TernaryOps, UnaryOps, exec_alu
+from tiny.ops import BinaryOps, TernaryOps, UnaryOps, exec_alu, is_add_identity
 from tiny.codegen.uops import UOp, UOps, UPat, PatternMatcher, graph_substitute, uop_const_value
 
 INT_DTYPES = frozenset({dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64, dtypes.uint8, dtypes.uint16, dtypes.uint32, dtypes.uint64})
@@ -128,6 +128,9 @@ def _const_right(root: UOp, c: UOp, x: UOp) -> Optional[UOp]:
   # canonical order: constants second, so the chained-constant rules see them
   if not root.commutative() or root.src[0] is not c or x.op is UOps.CONST:
     return None
+  # a float MAX tie gives its first operand: MAX(0.0, -0.0) is 0.0, MAX(-0.0, 0.0) is -0.0, so a zero stays in place
+  if root.arg is BinaryOps.MAX and c.arg == 0 and not (is_int(root) or root.dtype == dtypes.bool):
+    return None
   return UOp(UOps.ALU, root.dtype, (x, c), root.arg)
 
 
@@ -138,12 +141,15 @@ def _where_push(w: UOp, cond: UOp, x: UOp, y: UOp, root: UOp) -> Optional[UOp]:
   # for floats 0*y is not 0 when y is inf/nan: only push finite constants
   if not (is_int(root) or root.dtype == dtypes.bool) and not (y.op is UOps.CONST and math.isfinite(y.arg)):
     return None
-  return cond.where(x * y, root.const_like(0))
+  # the zero times a negative y is -0.0 for floats: the product of the constants keeps that sign
+  zero = w.src[2].arg * y.arg if y.op is UOps.CONST and not (is_int(root) or root.dtype == dtypes.bool) else 0
+  return cond.where(x * y, root.const_like(zero))
 
 
-def _cast_where(root: UOp, cond: UOp, x: UOp) -> Optional[UOp]:
+def _cast_where(root: UOp, cond: UOp, x: UOp, z: UOp) -> Optional[UOp]:
   assert root.dtype is not None
-  return cond.where(x.cast(root.dtype), root.const_like(0))
+  # the zero converted to root's dtype (a float -0.0 stays -0.0 in a float dtype, as the cast would keep it)
+  return cond.where(x.cast(root.dtype), root.const_like(z.arg))
 
 
 # *** packed integers: (hi * 2**k | lo) unpacked right away (threefry's uint32 pairs in a uint64) ***
@@ -212,7 +218,8 @@ symbolic_rules: List[Tuple[UPat, Callable[..., Optional[UOp]]]] = [
    lambda root, c: UOp.const(root.dtype, exec_alu(UnaryOps.CAST, root.dtype, [c.arg])) if root.dtype.count == 1 else None),
   (UPat(UOps.CAST, name="root", src=(UPat.var("x"),)), lambda root, x: x if x.dtype == root.dtype else None),
   # identities
-  (UPat.alu(BinaryOps.ADD, UPat.var("x"), UPat(UOps.CONST, 0)), lambda x: x),
+  # x + 0.0 is not x for floats (-0.0 + 0.0 is +0.0): only the zeros that are ADD's identity fold (see is_add_identity)
+  (UPat.alu(BinaryOps.ADD, UPat.var("x"), UPat(UOps.CONST, 0, name="z")), lambda x, z: x if is_add_identity(z.arg, z.dtype) else None),
   (UPat.alu(BinaryOps.MUL, UPat.var("x"), UPat(UOps.CONST, 1)), lambda x: x),
   (UPat.alu(BinaryOps.MUL, UPat.var("x"), UPat(UOps.CONST, 0, name="z")), lambda x, z: z if is_int(x) or x.dtype == dtypes.bool else None),
   (UPat.alu(BinaryOps.IDIV, UPat.var("x"), UPat(UOps.CONST, 1)), lambda x: x),
@@ -241,7 +248,7 @@ symbolic_rules: List[Tuple[UPat, Callable[..., Optional[UOp]]]] = [
             UPat.var("y")), lambda c, x, y: c.where(y, x)),
   (UPat.alu(BinaryOps.MUL, UPat.alu(TernaryOps.WHERE, UPat.var("cond"), UPat.var("x"), UPat(UOps.CONST), name="w"), UPat.var("y"),
             name="root"), _where_push),
-  (UPat(UOps.CAST, name="root", src=(UPat.alu(TernaryOps.WHERE, UPat.var("cond"), UPat.var("x"), UPat(UOps.CONST, 0)),)), _cast_where),
+  (UPat(UOps.CAST, name="root", src=(UPat.alu(TernaryOps.WHERE, UPat.var("cond"), UPat.var("x"), UPat(UOps.CONST, 0, name="z")),)), _cast_where),
   # canonical order and chained constants
   (UPat(UOps.ALU, name="root", src=(UPat(UOps.CONST, name="c"), UPat.var("x"))), _const_right),
   (UPat.alu(BinaryOps.ADD, UPat.alu(BinaryOps.ADD, UPat.var("x"), UPat.cvar("c1")), UPat.cvar("c2"), name="root"),

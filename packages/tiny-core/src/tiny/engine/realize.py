@@ -10,9 +10,9 @@ import os
 import sys
 import threading
 import time
-from concurrent.futures import Future, as_completed
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Dict, Generator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Generator, List, Optional, Tuple, Union
 
 from tiny import eager_key, plugins
 from tiny.codegen.kernel import Kernel
@@ -358,8 +358,8 @@ def precompile(schedule: List[ScheduleItem]) -> int:
   bar = progress_bar(len(todo), "compiling", "kernel") if _show_progress(len(todo)) else None
   tick: Callable[..., None] = (lambda *_: bar.update(1)) if bar is not None else (lambda *_: None)
   try:
-    ready: List[Tuple[_CacheKey, _CacheKey, Program, bytes]] = []
-    waiting: Dict["Future[Optional[bytes]]", Tuple[_CacheKey, _CacheKey, Program]] = {}
+    # every kernel in schedule order, with its binary (a disk cache hit) or the future that will bring it
+    pending: List[Tuple[_CacheKey, _CacheKey, Program, Union[bytes, "Future[Optional[bytes]]"]]] = []
     try:
       for bkey, (dname, ast, ckey) in todo.items():
         compiler = _device(dname).compiler
@@ -370,21 +370,22 @@ def precompile(schedule: List[ScheduleItem]) -> int:
           continue
         if (lib := compiler.cache_lookup(prg.src)) is None:
           (fut := queue.submit(compiler, prg.src)).add_done_callback(tick)
-          waiting[fut] = (bkey, ckey, prg)
+          pending.append((bkey, ckey, prg, fut))
         else:
           tick()
-          ready.append((bkey, ckey, prg, lib))
+          pending.append((bkey, ckey, prg, lib))
     finally:
       queue.close()
-    for bkey, ckey, prg, lib in ready:
-      method_cache[bkey] = method_cache[ckey] = CompiledRunner(prg, lib)
-      built += 1
-    # load each binary as soon as it is there, while the rest still compiles
-    for fut in as_completed(waiting):
-      bkey, ckey, prg = waiting[fut]
-      if (lib := fut.result()) is None:
-        continue
-      _device(prg.dname).compiler.cache_store(prg.src, lib)
+    # runners are made in schedule order, not in the order the compiles finish: what they print (DEBUG>=4) and the
+    # method cache's order are then the same in every process. Loading a binary takes far less than compiling one, so
+    # waiting for the earliest kernel first costs next to nothing.
+    for bkey, ckey, prg, got in pending:
+      if isinstance(got, Future):
+        if (lib := got.result()) is None:
+          continue
+        _device(prg.dname).compiler.cache_store(prg.src, lib)
+      else:
+        lib = got
       method_cache[bkey] = method_cache[ckey] = CompiledRunner(prg, lib)
       built += 1
   finally:

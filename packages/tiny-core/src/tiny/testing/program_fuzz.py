@@ -1488,41 +1488,70 @@ def check_program(program: Program, device: str, settings: Sequence[OptSetting],
   return want
 
 
-def fuzz_for(device: str, seconds: float, max_failures: int = 1, seed: Optional[int] = None) -> Tuple[int, List[str]]:
+def draw_program(seed: str, max_ops: int = 10, max_size: int = 128) -> Program:
+  """The program `programs(max_ops, max_size)` draws from the random stream seeded by `seed`: the same seed gives the same
+  program in every process (hypothesis' `.example()` draws from a stream of its own, which no seed reaches)."""
+  from hypothesis.errors import StopTest
+  from hypothesis.internal.conjecture.data import ConjectureData
+  rng = random.Random(seed)
+  strategy = programs(max_ops=max_ops, max_size=max_size)
+  for _ in range(100):
+    try:
+      return ConjectureData(random=rng).draw(strategy)
+    except (StopTest, Exception):  # noqa: BLE001  a draw the strategy rejected (a filter, an overrun): draw again
+      continue
+  raise RuntimeError(f"no program could be drawn from seed {seed!r}")
+
+
+def fuzz_for(device: str, seconds: float, max_failures: int = 1, seed: Optional[int] = None,
+             on_failure: Optional[Callable[[int, str], None]] = None, only: Optional[int] = None) -> Tuple[int, List[str]]:
   """Check freshly drawn programs on device for `seconds` (the default settings plus one random opt list each).
 
-  Returns (programs checked, the reproducers of the failures). Stops at max_failures: on a GPU the first fault can
-  leave the context unusable, and everything after it would fail for that reason alone."""
+  Program i (from 0) and its random opts come from the seed string f"{seed}:{i}", so `only=i` with the same seed checks
+  that one program again. Each failure is passed to on_failure(i, reproducer) as soon as it is found. Returns (programs
+  checked, the reproducers of the failures). Stops at max_failures: on a GPU the first fault can leave the context
+  unusable, and everything after it would fail for that reason alone."""
   import warnings
-  rng = random.Random(seed)
-  strategy = programs(max_ops=10, max_size=128)
+  if seed is None:
+    seed = random.randrange(2**31)
   failures: List[str] = []
   checked, start = 0, time.perf_counter()
+  indices = itertools.count() if only is None else iter([only])
   with warnings.catch_warnings():
-    warnings.simplefilter("ignore")   # .example() outside a test is what hypothesis warns about, and what a time box wants
-    while time.perf_counter() - start < seconds and len(failures) < max_failures:
-      prog = strategy.example()
+    warnings.simplefilter("ignore")
+    for i in indices:
+      if (only is None and time.perf_counter() - start >= seconds) or len(failures) >= max_failures:
+        break
+      prog = draw_program(f"{seed}:{i}")
       try:
-        check_program(prog, device, default_settings(rng.randrange(2**31), n_random=1))
+        check_program(prog, device, default_settings(random.Random(f"{seed}:{i}:opts").randrange(2**31), n_random=1))
       except AssertionError as e:
         failures.append(str(e))
+        if on_failure is not None:
+          on_failure(i, str(e))
       checked += 1
   return checked, failures
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  """`python -m tiny.testing.program_fuzz DEVICE [--seconds S] [--max-failures N]`: time-boxed whole-program fuzzing."""
+  """`python -m tiny.testing.program_fuzz DEVICE [--seconds S] [--max-failures N] [--seed S [--only I]]`: time-boxed
+  whole-program fuzzing. The seed is printed first, and each failure (its reproducer) as soon as it is found, so a run that
+  is cut short loses nothing; `--seed S --only I` checks program I of that run again."""
   import argparse
   ap = argparse.ArgumentParser(prog="python -m tiny.testing.program_fuzz", description=main.__doc__)
   ap.add_argument("device")
   ap.add_argument("--seconds", type=float, default=60.0)
   ap.add_argument("--max-failures", type=int, default=1)
   ap.add_argument("--seed", type=int, default=None)
+  ap.add_argument("--only", type=int, default=None, help="check only program number ONLY of --seed")
   args = ap.parse_args(argv)
-  checked, failures = fuzz_for(args.device, args.seconds, args.max_failures, args.seed)
-  for f in failures:
-    print(f, end="\n\n")
-  print(f"{args.device}: {checked} programs, {len(failures)} failed")
+  seed = args.seed if args.seed is not None else random.randrange(2**31)
+  print(f"{args.device}: seed {seed}", flush=True)
+
+  def report(i: int, reproducer: str) -> None:
+    print(f"program {i} failed (rerun: --seed {seed} --only {i})\n{reproducer}", end="\n\n", flush=True)
+  checked, failures = fuzz_for(args.device, args.seconds, args.max_failures, seed, on_failure=report, only=args.only)
+  print(f"{args.device}: {checked} programs, {len(failures)} failed (seed {seed})")
   return 1 if failures else 0
 
 
