@@ -34,6 +34,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from tiny.backend import BinaryOps, TernaryOps, UnaryOps, UOp, UOps, dtypes, getenv
+from tiny_clang.streaming_stores import in_loops
 
 ROW_PREFETCH = int(getenv("TINY_ROW_PREFETCH", 1))
 LINE_BYTES = 64
@@ -99,13 +100,8 @@ def row_prefetches(uops: Sequence[UOp], enabled: bool = True) -> Dict[UOp, Tuple
   candidates: List[Tuple[UOp, UOp, UOp]] = []
   written: Set[UOp] = set()
   row_kernel = False
-  open_ranges: List[UOp] = []
-  for u in uops:
-    if u.op is UOps.RANGE:
-      open_ranges.append(u)
-    elif u.op is UOps.ENDRANGE and open_ranges:
-      open_ranges.pop()
-    elif u.op in (UOps.LOAD, UOps.STORE) and u.src[0].op is UOps.DEFINE_GLOBAL:
+  for u, open_ranges in in_loops(uops):
+    if u.op in (UOps.LOAD, UOps.STORE) and u.src[0].op is UOps.DEFINE_GLOBAL:
       reduce_at = next((i for i, r in enumerate(open_ranges) if r.arg[1]), None)
       if u.op is UOps.STORE:
         written.add(u.src[0])

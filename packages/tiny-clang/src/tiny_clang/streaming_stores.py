@@ -31,7 +31,7 @@ it back (in-process A/B against the same source with plain stores, 2 threads, me
 from __future__ import annotations
 
 import platform
-from typing import Dict, FrozenSet, List, Optional, Sequence, Set
+from typing import Dict, FrozenSet, Iterator, List, Optional, Sequence, Set, Tuple
 
 from tiny.backend import DType, PtrDType, UOp, UOps, dtypes, getenv
 
@@ -64,6 +64,20 @@ def _is_16bit_float(dt: DType) -> bool:
   return dt.scalar() in (dtypes.float16, dtypes.bfloat16)
 
 
+def in_loops(uops: Sequence[UOp]) -> Iterator[Tuple[UOp, List[UOp]]]:
+  """Each uop other than RANGE and ENDRANGE, with the loops open around it (outermost first). The list is the walk's
+  own and changes as it goes on: read it before the next step."""
+  open_ranges: List[UOp] = []
+  for u in uops:
+    if u.op is UOps.RANGE:
+      open_ranges.append(u)
+    elif u.op is UOps.ENDRANGE:
+      if open_ranges:
+        open_ranges.pop()
+    else:
+      yield u, open_ranges
+
+
 def streaming_stores(uops: Sequence[UOp], min_bytes: int) -> Set[UOp]:
   """The STORE uops of a kernel to render as non-temporal stores when a buffer that gets min_bytes or more streams
   (see the module docstring for the rules); none when min_bytes <= 0."""
@@ -71,13 +85,8 @@ def streaming_stores(uops: Sequence[UOp], min_bytes: int) -> Set[UOp]:
     return set()
   candidates: Dict[UOp, List[UOp]] = {}
   written: Dict[UOp, int] = {}
-  open_ranges: List[UOp] = []
-  for u in uops:
-    if u.op is UOps.RANGE:
-      open_ranges.append(u)
-    elif u.op is UOps.ENDRANGE and open_ranges:
-      open_ranges.pop()
-    elif u.op is UOps.STORE:
+  for u, open_ranges in in_loops(uops):
+    if u.op is UOps.STORE:
       buf, value = u.src[0], u.src[2]
       if buf.op is not UOps.DEFINE_GLOBAL or not isinstance(buf.dtype, PtrDType) or value.dtype is None:
         continue
