@@ -15,7 +15,7 @@ import pytest
 
 from tiny import eager_key
 from tiny.dtype import dtypes
-from tiny.engine import schedule
+from tiny.engine import eager_params, schedule
 from tiny.helpers import GlobalCounters
 from tiny.tensor import Tensor
 
@@ -29,11 +29,14 @@ def _data(n: int = 16, seed: int = 0) -> np.ndarray:
 
 
 @pytest.fixture(autouse=True)
-def _fresh_id_table(monkeypatch: pytest.MonkeyPatch) -> None:
-  # the table is cleared when full (1 << 16 structures): after the earlier tests of a worker, that could land between two
-  # nodes of one graph here, and the next build of the same graph would get new ids and walk. A fresh table per test
-  # keeps the tests below about the ids, not about where the clearing lands (ids are never reused, so this is safe)
+def _fresh_tables(monkeypatch: pytest.MonkeyPatch) -> None:
+  # what the worker's earlier tests left must not decide how a first realize here goes: the id table is cleared when
+  # full, which could land between two nodes of one graph, and an eager loop of the same structure with other constants
+  # leaves a shared kernel (tiny.engine.eager_params) that runs a first graph without remembering it by id. Ids are
+  # never reused and the shared kernels are a cache, so fresh tables are safe
   monkeypatch.setattr(eager_key, "_ids", {})
+  for name in ("_first_seen", "_kernels", "_param_ids"):
+    monkeypatch.setattr(eager_params, name, {})
 
 
 def _no_walk(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -26,6 +26,7 @@ def kernels_built(monkeypatch: pytest.MonkeyPatch) -> Iterator[List[int]]:
   monkeypatch.setattr(realize, "get_kernel", counting)
   eager_params._first_seen.clear()
   eager_params._kernels.clear()
+  eager_params._param_ids.clear()
   yield count
 
 
@@ -49,6 +50,26 @@ def test_twenty_learning_rates_two_kernels(kernels_built: List[int]) -> None:
     got = (x * lr).realize().numpy()
     assert got.tobytes() == (a * np.float32(lr)).tobytes(), lr
   assert kernels_built[0] <= 2
+
+
+def test_a_repeated_constant_gets_its_own_kernel_found_by_id(kernels_built: List[int], monkeypatch: pytest.MonkeyPatch) -> None:
+  # after other values made the shared kernel, a loop with one fixed constant walked its graph and filled constant
+  # buffers on every call: from the value's second call on it bakes it in once, and later calls find it by the id
+  from tiny.engine import schedule
+  x = _x()
+  for v in (2.0, 3.0, 4.0):
+    (x * v + 1.5).realize()
+  walks = []
+  orig = schedule._eager_graph
+  monkeypatch.setattr(schedule, "_eager_graph", lambda out: (walks.append(out), orig(out))[1])
+  y, want = x, x.numpy()
+  for i in range(8):
+    y = (y * 1.0001 + 0.0001).realize()
+    want = want * np.float32(1.0001) + np.float32(0.0001)
+    if i == 2:
+      walked = len(walks)
+  assert len(walks) == walked, "calls after the value repeated still walked the graph"
+  np.testing.assert_allclose(y.numpy(), want, rtol=1e-6)   # (a kernel may fuse the multiply-add: one rounding)
 
 
 @pytest.mark.parametrize("name", ["mul add", "reversed", "three ops", "float64", "view"])

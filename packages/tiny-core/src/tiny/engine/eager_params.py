@@ -33,6 +33,10 @@ _first_seen: Dict[Tuple[Any, ...], int] = {}
 # the chain starts from, i >= 0 for the buffer of constant i, numbered from the top of the chain)
 _kernels: Dict[Tuple[Any, ...], Tuple[LazyOp, Tuple[int, ...]]] = {}
 _MAX_ENTRIES = 1 << 12
+# ids (see tiny.eager_key: the structure with its constants' values) that ran here once: a second run of one means the
+# values repeat (a fixed constant in a loop), which is worth a kernel with them baked in that realize finds by the id
+# alone, instead of walking the graph and filling constant buffers on every call
+_param_ids: Dict[int, None] = {}
 
 _Chain = Tuple[Tuple[Any, ...], List[Any], LazyBuffer, List[Tuple[LazyBuffer, LazyBuffer, LazyBuffer]]]
 
@@ -124,8 +128,9 @@ def try_run(out: LazyBuffer) -> bool:
   dtype, device = out.dtype, out.device
   if dtype not in (dtypes.float32, dtypes.float64) or leaf.device != device or leaf.size == 0 or not all(_exact(v, dtype) for v in consts):
     return False
+  ek = eager_key.known(out)
   if (ent := _kernels.get(key)) is None:
-    if (ek := eager_key.known(out)) is None:
+    if ek is None:
       return False
     if len(_first_seen) >= _MAX_ENTRIES:
       _first_seen.clear()
@@ -136,6 +141,12 @@ def try_run(out: LazyBuffer) -> bool:
     if len(_kernels) >= _MAX_ENTRIES:
       _kernels.clear()
     _kernels[key] = ent
+  elif ek is not None:
+    if ek[0] in _param_ids:
+      return False   # these very values again: the usual path bakes them in once and keeps the kernel by the id
+    if len(_param_ids) >= _MAX_ENTRIES:
+      _param_ids.clear()
+    _param_ids[ek[0]] = None
   from tiny.engine.realize import _run_kernel, _runner_for
   ast, spec = ent
   fmt = dtype.fmt
