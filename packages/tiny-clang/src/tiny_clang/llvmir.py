@@ -438,11 +438,9 @@ class _Builder:
       return self.ins(f"phi {ltype(dt)} [{v}, %{after}], [{alt}, %{before}]")
     p = self.gep(buf, u.src[1])
     if u in self.prefetches:
-      # a plain (not inbounds) step: the address ahead may lie past the end of the buffer, which the prefetch ignores
-      self.decls.add("declare void @llvm.prefetch.p0(ptr, i32, i32, i32)")
-      self.emit(f"call void @llvm.prefetch.p0(ptr {self.ins(f'getelementptr i8, ptr {p}, i64 {self.prefetch_bytes}')}, i32 0, i32 3, i32 1)")
+      self.prefetch(p, self.prefetch_bytes, False, 3)   # a streaming kernel's input: into L1 (prefetcht0)
     elif u in self.row_ahead:
-      self.row_prefetch(p, *self.row_ahead[u])
+      self.prefetch(p, *self.row_ahead[u], 2)
     return self.from_mem(self.ins(f"load {mtype(dt)}, ptr {p}, align {align}"), dt)
 
   def from_mem(self, v: str, dt: DType) -> str:
@@ -463,7 +461,7 @@ class _Builder:
       v = self.ins(f"zext {ltype(vdt)} {v} to {mtype(vdt)}")
     p = self.gep(buf, idx)
     if u in self.row_ahead and u not in self.streams:
-      self.row_prefetch(p, *self.row_ahead[u])
+      self.prefetch(p, *self.row_ahead[u], 2)
     if u in self.streams:
       self.streaming_store(v, vdt, p, buf.dtype.base.scalar().itemsize)
     else:
@@ -472,11 +470,12 @@ class _Builder:
       self.emit(f"br label %stj{n}")
       self.label(f"stj{n}")
 
-  def row_prefetch(self, p: str, distance: int, write: bool) -> None:
-    """Prefetch into L2 (locality 2, prefetcht1 / prefetchw) the line `distance` bytes after p: the next row of a row kernel."""
+  def prefetch(self, p: str, distance: int, write: bool, locality: int) -> None:
+    """Prefetch the line `distance` bytes after p, with write intent or not; locality 3 is L1 (prefetcht0), 2 is L2
+    (prefetcht1 / prefetchw: a row kernel's next row)."""
     # a plain (not inbounds) step: the address ahead may lie past the end of the buffer, which the prefetch ignores
     self.decls.add("declare void @llvm.prefetch.p0(ptr, i32, i32, i32)")
-    self.emit(f"call void @llvm.prefetch.p0(ptr {self.ins(f'getelementptr i8, ptr {p}, i64 {distance}')}, i32 {int(write)}, i32 2, i32 1)")
+    self.emit(f"call void @llvm.prefetch.p0(ptr {self.ins(f'getelementptr i8, ptr {p}, i64 {distance}')}, i32 {int(write)}, i32 {locality}, i32 1)")
 
   def streaming_store(self, v: str, vdt: DType, p: str, align: int) -> None:
     """A non-temporal store of a whole cache line where p is 64-byte aligned, a plain store where it is not."""

@@ -318,13 +318,12 @@ class ClangRenderer(CStyleLanguage):
     prefetch = self._prefetching.pop(0) if self._prefetching else False
     row_ahead = self._row_load_ahead.pop(0) if self._row_load_ahead else 0
     kind = _f16kind(buf_dtype)
-    if kind is None and row_ahead and not prefetch:
-      # into L2 (prefetcht1): the next row waits there while this one is walked again from L1
-      ahead = f"__builtin_prefetch((const void*)((__UINTPTR_TYPE__)({buf_name}+({idx}))+{row_ahead}), 0, 2)"
-      return f"({{ {ahead}; {super().render_load(output_dtype, buf_name, buf_dtype, idx, local)}; }})"
-    if kind is None and prefetch:
-      # through an integer: the address ahead may lie past the end of the buffer, which prefetcht0 ignores
-      ahead = f"__builtin_prefetch((const void*)((__UINTPTR_TYPE__)({buf_name}+({idx}))+{self.stream_prefetch_bytes}))"
+    if kind is None and (prefetch or row_ahead):
+      # a streaming kernel's input into L1 (prefetcht0); a row kernel's next row into L2 (prefetcht1), where it waits
+      # while this row is walked again from L1. Through an integer: the address ahead may lie past the end of the
+      # buffer, which a prefetch ignores
+      dist, hint = (self.stream_prefetch_bytes, "") if prefetch else (row_ahead, ", 0, 2")
+      ahead = f"__builtin_prefetch((const void*)((__UINTPTR_TYPE__)({buf_name}+({idx}))+{dist}){hint})"
       return f"({{ {ahead}; {super().render_load(output_dtype, buf_name, buf_dtype, idx, local)}; }})"
     if kind is None:
       return super().render_load(output_dtype, buf_name, buf_dtype, idx, local)

@@ -34,10 +34,9 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from tiny.backend import BinaryOps, TernaryOps, UnaryOps, UOp, UOps, dtypes, getenv
-from tiny_clang.streaming_stores import in_loops
+from tiny_clang.streaming_stores import in_loops, whole_line
 
 ROW_PREFETCH = int(getenv("TINY_ROW_PREFETCH", 1))
-LINE_BYTES = 64
 # a row kernel's rows are at most 64K elements (tiny.engine.row_fusion): 256 KiB of float32, and L2 holds a few of them
 MAX_DISTANCE_BYTES = 1 << 18
 
@@ -85,12 +84,6 @@ def _row_step(idx: UOp, row_loop: UOp) -> Optional[int]:
   return d0 if d0 == d1 else None
 
 
-def _whole_line(u: UOp, dtype: Optional[object]) -> bool:
-  buf = u.src[0]
-  return buf.op is UOps.DEFINE_GLOBAL and dtype is not None and getattr(dtype, "count", 1) > 1 and \
-    getattr(dtype, "itemsize", 0) == LINE_BYTES and dtype.scalar() not in (dtypes.float16, dtypes.bfloat16, dtypes.bool)  # type: ignore[attr-defined]
-
-
 def row_prefetches(uops: Sequence[UOp], enabled: bool = True) -> Dict[UOp, Tuple[int, bool]]:
   """The LOAD and STORE uops of a row kernel that prefetch the next row, each with (distance in bytes, write intent);
   empty for any other kernel or when not enabled (see the module docstring for the rules)."""
@@ -109,7 +102,7 @@ def row_prefetches(uops: Sequence[UOp], enabled: bool = True) -> Dict[UOp, Tuple
       if reduce_at is None or reduce_at == 0 or any(r.arg[1] for r in open_ranges[:reduce_at]):
         continue
       gated = len(u.src) >= 4 and (u.op is UOps.STORE or u.src[2].op is not UOps.BARRIER)
-      if gated or not _whole_line(u, u.src[2].dtype if u.op is UOps.STORE else u.dtype):
+      if gated or not whole_line(u.src[2].dtype if u.op is UOps.STORE else u.dtype):
         continue
       candidates.append((u, open_ranges[reduce_at - 1], open_ranges[reduce_at]))
   if not row_kernel:

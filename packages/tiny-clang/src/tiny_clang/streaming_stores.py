@@ -64,6 +64,12 @@ def _is_16bit_float(dt: DType) -> bool:
   return dt.scalar() in (dtypes.float16, dtypes.bfloat16)
 
 
+def whole_line(dt: Optional[DType]) -> bool:
+  """dt is a vector filling one whole 64-byte cache line, of a type the renderers load and store as such (16-bit floats
+  and bools go through conversions)."""
+  return dt is not None and dt.count > 1 and dt.itemsize == LINE_BYTES and not _is_16bit_float(dt) and dt.scalar() != dtypes.bool
+
+
 def in_loops(uops: Sequence[UOp]) -> Iterator[Tuple[UOp, List[UOp]]]:
   """Each uop other than RANGE and ENDRANGE, with the loops open around it (outermost first). The list is the walk's
   own and changes as it goes on: read it before the next step."""
@@ -90,7 +96,7 @@ def streaming_stores(uops: Sequence[UOp], min_bytes: int) -> Set[UOp]:
       buf, value = u.src[0], u.src[2]
       if buf.op is not UOps.DEFINE_GLOBAL or not isinstance(buf.dtype, PtrDType) or value.dtype is None:
         continue
-      if value.dtype.count == 1 or value.dtype.itemsize != LINE_BYTES or _is_16bit_float(value.dtype) or value.dtype.scalar() == dtypes.bool:
+      if not whole_line(value.dtype):
         continue
       if any(r.arg[1] for r in open_ranges):
         continue
@@ -119,6 +125,6 @@ def prefetched_loads(uops: Sequence[UOp], streams: Set[UOp], distance: int) -> S
       continue
     if len(u.src) >= 4 and u.src[2].op is not UOps.BARRIER:
       continue   # a gated load may read nothing at all: leave it alone
-    if u.dtype.count > 1 and u.dtype.itemsize == LINE_BYTES and not _is_16bit_float(u.dtype) and u.dtype.scalar() != dtypes.bool:
+    if whole_line(u.dtype):
       out.add(u)
   return out
