@@ -352,9 +352,16 @@ def _pop_free(allocator: Allocator, nbytes: int) -> Optional[Buffer]:
 def take_free_buffer(allocator: Allocator, size: int, dtype: DType) -> Optional[Buffer]:
   """A kept Buffer (allocated, no LazyBuffer using it) of this allocator holding size elements of dtype; None when there
   is none. The caller makes it the buffer of a base of that device, size and dtype."""
-  # by bytes: memory of the same length serves any dtype (and the key needs no DType hash, a Python call)
-  if (buf := _pop_free(allocator, nbytes := size * dtype.itemsize)) is None:
+  # by bytes: memory of the same length serves any dtype (and the key needs no DType hash, a Python call). _pop_free,
+  # inline: this runs for every eager result
+  if (lst := _free_buffers.get((allocator, nbytes := size * dtype.itemsize))) is None or not lst:
     return None
+  try:
+    buf = lst.pop()   # (another thread may have emptied the list since the check)
+  except IndexError:
+    return None
+  if (hits := getattr(allocator, "hits", None)) is not None:
+    allocator.hits = hits + 1   # type: ignore[attr-defined]
   if buf.dtype is not dtype:
     buf.size, buf.dtype = size, dtype
   buf._kept = False

@@ -216,7 +216,10 @@ class LazyBuffer:
     # _buffer first: when this LazyBuffer dies its attributes go in order, so _use is the last to hold the Buffer (see
     # device.recycle_buffer)
     self._buffer = buf
-    self._use = _BufferUse(buf)
+    # _BufferUse(buf) without its __init__ call (a kept Buffer is a base: its own count goes up)
+    use = self._use = _BufferUse.__new__(_BufferUse)
+    use.buf = buf
+    buf._lb_refcount += 1
     return buf
 
   @property
@@ -475,23 +478,27 @@ def scalar_binop(x: LazyBuffer, op: BinaryOps, val: ConstType, reverse: bool, ta
   b = x._base if x._base is not None else x
   if b.contiguous_child is not None or (b.op is MetaOps.CONST and hasattr(b, "srcs")):
     return None
-  if op is BinaryOps.ADD:
-    if is_add_identity(val, x.dtype):
+  # only a zero or a one can fold: any other constant (the usual one) skips the dtype checks, which are Python calls
+  if val == 0 or val == 1 or val == -1:
+    if op is BinaryOps.ADD:
+      if is_add_identity(val, x.dtype):
+        return None
+    elif val != 0 or not dtypes.is_float(x.dtype):
       return None
-  elif val == 1 or val == -1 or (val == 0 and not dtypes.is_float(x.dtype)):
-    return None
   size = x.size
   if size.__class__ is not int or size == 0:
     return None
   shape, dtype, device = x.shape, x.dtype, x.device
+  if (sts := _scalar_op_trackers.get(shape)) is None and (sts := _scalar_op_st(shape)) is None:
+    return None
+  cst, csize, rst = sts
   # the constant, as one base already in x's shape (as cast() makes of a broadcast constant): one node instead of a
   # scalar base and its view. Read only by the op below, so it needs no list of readers.
   c = LazyBuffer.__new__(LazyBuffer)
-  c.device, c.st, c.dtype, c.metadata, c.op, c.arg, c.srcs = device, (cst := _broadcast_st(shape) if shape else _SCALAR_ST), dtype, metadata, \
-    MetaOps.CONST, val, ()
-  c.shape, c.size, c._readers, c._fresh_const = shape, cst.size, [], True
+  c.device, c.st, c.dtype, c.metadata, c.op, c.arg, c.srcs = device, cst, dtype, metadata, MetaOps.CONST, val, ()
+  c.shape, c.size, c._readers, c._fresh_const = shape, csize, [], True
   ret = LazyBuffer.__new__(LazyBuffer)
-  ret.device, ret.st, ret.dtype, ret.shape, ret.size, ret.metadata = device, _contiguous_tracker(shape), dtype, shape, size, metadata
+  ret.device, ret.st, ret.dtype, ret.shape, ret.size, ret.metadata = device, rst, dtype, shape, size, metadata
   ret.op, ret.arg, ret.srcs, ret._readers, ret._scalar_rev = op, None, (c, x) if reverse else (x, c), [], reverse
   (rs := b._readers).append(ref(ret))
   if len(rs) >= b._sweep_at:
@@ -554,6 +561,22 @@ def _broadcast_st(shape: Tuple[sint, ...]) -> ShapeTracker:
   """The tracker of a scalar broadcast to shape (what reshape to all ones and expand give, kept per shape: constants
   are made for almost every op, and building it took two tracker ops and a LazyBuffer each time)."""
   return _SCALAR_ST.reshape((1,) * len(shape)).expand(shape)
+
+
+# shape -> (the constant's tracker, its size, the result's tracker) of scalar_binop: one dict lookup per op instead of two
+# cached calls. Trackers are immutable and made the same way for equal shapes, so an entry is never stale.
+_scalar_op_trackers: Dict[Tuple[sint, ...], Tuple[ShapeTracker, int, ShapeTracker]] = {}
+
+
+def _scalar_op_st(shape: Tuple[sint, ...]) -> Optional[Tuple[ShapeTracker, int, ShapeTracker]]:
+  """Fill (and return) the _scalar_op_trackers entry of shape; None for a shape whose size is not concrete."""
+  cst = _broadcast_st(shape) if shape else _SCALAR_ST
+  if not isinstance(csize := cst.size, int):
+    return None
+  if len(_scalar_op_trackers) >= 4096:
+    _scalar_op_trackers.clear()
+  ret = _scalar_op_trackers[shape] = (cst, csize, _contiguous_tracker(shape))
+  return ret
 
 
 def _reduced_shape(shape: Tuple[sint, ...], axis: Tuple[int, ...]) -> Tuple[sint, ...]:
