@@ -97,3 +97,24 @@ def test_counters_count_plan_runs_and_reset() -> None:
     want = want * np.float32(1.25) + np.float32(0.5)
   np.testing.assert_allclose(x.numpy(), np.full(16, want), rtol=1e-6)
   assert math.isfinite(GlobalCounters.time_sum_s)
+
+
+def test_every_lazybuffer_attribute_is_in_the_shared_name_list() -> None:
+  # lazy._ATTRIBUTE_NAMES puts every name in the class's shared attribute table before any real LazyBuffer exists; a new
+  # attribute left out of it would silently give each LazyBuffer setting it a dictionary of its own (slower, not wrong)
+  import gc
+
+  from tiny import lazy
+  a = Tensor(np.arange(16, dtype=np.float32).reshape(4, 4), requires_grad=True)
+  loss = ((a @ a).relu() * 2.0 + 1.0).sum()
+  loss.backward()
+  b = Tensor.zeros(8).contiguous().realize()
+  b.assign(b + 1.0)
+  c = (b[2:6] * 3.0).contiguous()
+  keep = [a.grad.realize(), b.realize(), c.realize(), a.reshape(16).pad(((1, 1),)).realize(), (b.cast(dtypes.int32) + 1).realize()]
+  names = set()
+  for o in gc.get_objects():
+    if o.__class__ is lazy.LazyBuffer:
+      names |= set(vars(o))
+  assert names and names <= set(lazy._ATTRIBUTE_NAMES), sorted(names - set(lazy._ATTRIBUTE_NAMES))
+  assert all(k.numpy() is not None for k in keep)

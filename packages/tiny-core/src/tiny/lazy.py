@@ -469,6 +469,24 @@ class LazyBuffer:
     return self._view(self.st.stride(arg))
 
 
+# every attribute name a LazyBuffer may get, set once on a throwaway instance before any real one exists. CPython keeps the
+# attribute values of a class's instances in a compact array with one table of names shared by the class; that table only
+# takes new names while few instances have been made (3.11 stops after a few dozen), and an instance setting a name
+# missing there gets a dictionary of its own, several hundred ns more per instance. _ekey is only set once an eager id is
+# made and stale_readers on an assign, both long after the first LazyBuffers: without this every eager result paid it.
+_ATTRIBUTE_NAMES = ("device", "st", "dtype", "shape", "size", "metadata", "op", "arg", "srcs", "_readers", "_base", "_buffer", "_use",
+                    "_ekey", "_scalar_rev", "_fresh_const", "contiguous_child", "forced_realize", "_sweep_at", "stale_readers")
+
+
+def _share_attribute_names() -> None:
+  first = LazyBuffer.__new__(LazyBuffer)
+  for name in _ATTRIBUTE_NAMES:
+    setattr(first, name, None)
+
+
+_share_attribute_names()
+
+
 def scalar_binop(x: LazyBuffer, op: BinaryOps, val: ConstType, reverse: bool, tag: str, metadata: Optional[Metadata]) -> Optional[LazyBuffer]:
   """`x <op> val` (`val <op> x` when reverse) for op ADD or MUL and a Python scalar val that is already what
   dtypes.as_const gives for x's dtype: the graph x.e(op, x.fresh_const(val)) builds, without its generic checks, and with
