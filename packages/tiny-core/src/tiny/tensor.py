@@ -3054,7 +3054,7 @@ def _with_scalar_fast_path(slow: Callable[[Tensor, Any], Tensor], op: BinaryOps,
     if (cls is float or cls is int) and self.requires_grad is not True and (lb := self.lazydata).__class__ is LazyBuffer:
       dt = lb.dtype
       if dt is _F32 or dt in _SCALAR_FLOATS:   # (float32 by identity: a set lookup hashes the dtype in Python)
-        val: ConstType = float(x)
+        val: ConstType = x if cls is float else float(x)
       elif cls is int and dtypes.is_int(dt):
         val = _wrap_int(x, dt)
       else:
