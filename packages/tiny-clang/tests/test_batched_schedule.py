@@ -105,28 +105,3 @@ def test_unsettled_kernels_are_not_batched(dev: str, monkeypatch: pytest.MonkeyP
   assert runtime.CPUProgram.run_batch(progs, handles) is False
   assert np.isnan(np.frombuffer(partials.as_buffer(), np.float32)).all()   # the first kernel did not run either
   assert float(t.sum().numpy()) == float(x.astype(np.float64).sum())
-
-
-GRAPHS = {
-  "std": lambda t: t.std(),
-  "softmax_sum": lambda t: (t - t.max()).exp().sum(),
-  "sum_plus_max": lambda t: t.sum() + t.max() * 2,
-  "row_mean_then_sum": lambda t: t.reshape(200, -1).mean(axis=1).sum(),
-  "argmax": lambda t: t.argmax(),
-}
-
-
-@pytest.mark.parametrize("name", list(GRAPHS))
-def test_multi_kernel_graphs_batched_give_the_one_by_one_bits(dev: str, name: str, batch_calls: List[Dict[str, Any]]) -> None:
-  """Graphs of two or more kernels, realized again and again: the batched runs (same kernels, same order, the same rows
-  on each thread) give exactly the bits of the first runs, made one kernel at a time, and match numpy."""
-  x = np.random.default_rng(len(name)).standard_normal(200 * 1300).astype(np.float32)
-  t = Tensor(x, device=dev).realize()
-  outs = [GRAPHS[name](t).numpy() for _ in range(6)]
-  assert any(c["ran"] for c in batch_calls), batch_calls
-  for o in outs[1:]:
-    np.testing.assert_array_equal(o, outs[0])
-  xd = x.astype(np.float64)
-  ref = {"std": xd.std(ddof=1), "softmax_sum": np.exp(xd - xd.max()).sum(), "sum_plus_max": xd.sum() + xd.max() * 2,
-         "row_mean_then_sum": xd.reshape(200, -1).mean(axis=1).sum(), "argmax": float(x.argmax())}[name]
-  np.testing.assert_allclose(float(outs[0]), ref, rtol=1e-4, atol=1e-3)
