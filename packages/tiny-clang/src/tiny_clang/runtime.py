@@ -124,25 +124,6 @@ class CPUProgram:
     fn(*bufs, 0, 1)
     return True
 
-  @staticmethod
-  def run_batch(progs: List[CPUProgram], handles: List[List[Any]]) -> bool:
-    """Run kernels in order, each to completion before the next, with one call of the native pool (the engine's hook for
-    a cached schedule of several kernels: tiny.engine.realize._run_batched); handles[k] are progs[k]'s buffer handles.
-    Each kernel is split across cores as its own call would split it. False, having done nothing, where that is not how
-    the kernels would run one by one: a core count not settled yet (those runs are timed), or no native pool."""
-    if any(p.auto_threads is None for p in progs):
-      return False
-    pool = progs[0].pool
-    if not isinstance(pool, NativePool):
-      return False
-    n = len(progs)
-    threads = [p.threads() for p in progs]
-    args = [_ARG_ARRAYS[len(h)](*[buf_address(b) for b in h]) if len(h) < len(_ARG_ARRAYS) else
-            (ctypes.c_int64 * len(h))(*[buf_address(b) for b in h]) for h in handles]
-    pool.run(n, (ctypes.c_void_p * n)(*[p.entry for p in progs]), (ctypes.c_void_p * n)(*[ctypes.addressof(a) for a in args]),
-             (ctypes.c_int32 * n)(*[int(t > 1) for t in threads]), max(threads))
-    return True
-
   def run_args(self, args: Any) -> float:
     """Run on a prebuilt argument array (int64 buffer addresses, then variable values); returns the seconds it took."""
     T = self.threads()

@@ -687,47 +687,8 @@ def _run_cached_schedule(lb: LazyBuffer) -> bool:
   if (hit := cached_schedule([lb])) is None:
     return False
   schedule, var_vals = hit
-  eis = [lower_schedule_item(si) for si in schedule]
-  if var_vals or not _run_batched(eis):
-    for ei in eis:
-      ei.run(var_vals)
-  return True
-
-
-def _run_batched(eis: List[ExecItem]) -> bool:
-  """Run a cached schedule of two or more kernels of one device with a single call of their runtime, where it offers one:
-  an optional `run_batch(programs, handles) -> ran` on the program's class, which runs the kernels in order, each to
-  completion before the next, and returns False, having done nothing, when it cannot run them that way now.
-
-  Between two kernels run one by one, Python returns from the first, counts it and looks up the second, and after a
-  kernel that streamed tens of MB through the caches that code runs cold. A split `sum` of 16M floats (two kernels) on
-  the busy 2-core AVX-512 Xeon, time per call outside the pool's calls, in-process A/B: p25 548 vs 580 us, median 605 vs
-  641 us (an earlier run 412 vs 420, 493 vs 499), equal minimum: a small gain, most of the Python only moves before the
-  first kernel. False, having done nothing, for anything else: one kernel, a copy or other non-kernel item, a kernel
-  launched with Variables, two devices or program types."""
-  if len(eis) < 2:
-    return False
-  first = eis[0].prg
-  if not isinstance(first, CompiledRunner) or (run_batch := getattr(type(first.clprg), "run_batch", None)) is None:
-    return False
-  progs, handles, rawbufs = [], [], []
-  for ei in eis:
-    prg = ei.prg
-    if not isinstance(prg, CompiledRunner) or prg._launch is None or prg.dname != first.dname or type(prg.clprg) is not type(first.clprg):
-      return False
-    bufs = [b for b in ei.bufs if b is not None]
-    if len(bufs) != len(ei.bufs):
-      return False
-    rawbufs.append(bufs)
-    progs.append(prg.clprg)
-  for bufs in rawbufs:
-    handles.append([b.ensure_allocated()._buf for b in bufs])
-  if not run_batch(progs, handles):
-    return False
-  for ei, bufs in zip(eis, rawbufs):
-    if Buffer.tracking_writes:
-      ei.prg.note_writes(bufs)
-    _count_run(ei.prg, _NO_VARS)
+  for si in schedule:
+    lower_schedule_item(si).run(var_vals)
   return True
 
 
