@@ -323,10 +323,13 @@ class Tensor:
     """Compute these tensors now (run their kernels). Returns self."""
     eng = _engine if _engine is not None else _engine_realize()
     with eng.realize_lock:
+      if eng.pending.live:
+        # a schedule handed out and not run yet: the buffers it writes read as computed, so run what this reads first
+        eng.pending.ensure_graph_ready(flatten([x.lazydata.lbs for x in (self,) + lst]))
       # one eager op seen before runs its cached kernel directly (see realize_eager); the rest is scheduled
       if not lst and do_update_stats and self.lazydata.__class__ is LazyBuffer and eng.realize_eager(self.lazydata):
         return self
-      schedule, var_vals = self.schedule_with_vars(*lst)
+      schedule, var_vals = eng.schedule_to_run(flatten([x.lazydata.lbs for x in (self,) + lst]))
       if do_update_stats:
         eng.run_schedule(schedule, var_vals)
       else:
