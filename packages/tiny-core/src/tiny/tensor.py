@@ -1415,9 +1415,10 @@ class Tensor:
   def _reduce(self, fxn: Type[Function], axis: Optional[Union[int, Sequence[int]]] = None, keepdim: bool = False) -> Tensor:
     raw: Tuple[Any, ...] = tuple(range(self.ndim)) if axis is None else tuple(argfix(axis)) if isinstance(axis, (list, tuple)) else (axis,)
     axis_ = tuple(dedup(self._resolve_dim(a) for a in raw))
-    if self.ndim == 0:
-      return self
-    ret = fxn.apply(self, axis=axis_) if axis_ else self
+    # a sum over no axis still starts at +0.0 like numpy's (the lazy reduce adds it): -0.0 comes out +0.0
+    if self.ndim == 0 or not axis_:
+      return fxn.apply(self, axis=()) if fxn is F.Sum else self
+    ret = fxn.apply(self, axis=axis_)
     return ret if keepdim else ret.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axis_))
 
   def _reduced_count(self, axis: Optional[Union[int, Sequence[int]]]) -> sint:
