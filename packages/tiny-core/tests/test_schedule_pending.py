@@ -180,3 +180,80 @@ def test_chain_of_schedules(run_first):
   run_schedule(sa)
   np.testing.assert_equal(a.numpy(), (A + 1).sum(1))
   np.testing.assert_equal(b.numpy(), ((A + 1).sum(1) ** 2).sum())
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_schedule_run_read_sequences(seed):
+  # schedules handed out, run, dropped or left, reads, new readers and in-place assigns in a random order: every read
+  # matches numpy, and running what is left at the end changes nothing (no item ran twice)
+  rng = np.random.default_rng(seed)
+  tensors = []   # (Tensor, numpy value it must read as)
+  var = Tensor(A.copy()).realize()
+  var_val = A.copy()
+  lists = []
+  for _ in range(14):
+    step = rng.integers(6)
+    if step == 0 or not tensors:
+      a = rng.standard_normal((3, 4)).astype(np.float32)
+      tensors.append((Tensor(a), a))
+    elif step == 1:
+      t, v = tensors[rng.integers(len(tensors))]
+      k = float(rng.integers(1, 4))
+      tensors.append(((t * k + 1).sum(1, keepdim=True).expand(3, 4), np.broadcast_to((v * k + 1).sum(1, keepdims=True), (3, 4))))
+    elif step == 2:
+      picks = [tensors[i][0] for i in rng.choice(len(tensors), size=min(2, len(tensors)), replace=False)]
+      lists.append(picks[0].schedule(*picks[1:]))
+    elif step == 3 and lists:
+      run_schedule(lists.pop(rng.integers(len(lists))))
+    elif step == 4:
+      t, v = tensors[rng.integers(len(tensors))]
+      np.testing.assert_allclose(t.numpy(), v, rtol=1e-5)
+    else:
+      tensors.append((var * 2, var_val * 2))   # a lazy reader of the old contents
+      var.assign(var + 1)
+      var_val = var_val + 1
+      tensors.append((var + 0.5, var_val + 0.5))   # a reader of the new contents
+      if rng.integers(2):
+        lists.append(var.schedule())
+  for t, v in tensors:
+    np.testing.assert_allclose(t.numpy(), v, rtol=1e-5)
+  for s in lists:
+    run_schedule(s)
+  np.testing.assert_allclose(var.numpy(), var_val, rtol=1e-5)
+  for t, v in tensors:
+    np.testing.assert_allclose(t.numpy(), v, rtol=1e-5)
+
+
+def test_assign_realized_after_a_pending_reader():
+  # the pending reader reads the contents before the assign, even though the assign runs first
+  x = Tensor(A.copy()).realize()
+  r = x + 0.5
+  r.schedule()
+  x.assign(x * 3).realize()
+  np.testing.assert_equal(r.numpy(), A + 0.5)
+  np.testing.assert_equal(x.numpy(), A * 3)
+
+
+def test_two_pending_assigns_run_in_order():
+  x = Tensor(A.copy()).realize()
+  x.assign(x + 1)
+  s1 = x.schedule()
+  x.assign(x * 2)
+  s2 = x.schedule()
+  run_schedule(s2)   # the first assign must run before the second
+  np.testing.assert_equal(x.numpy(), (A + 1) * 2)
+  run_schedule(s1)
+  np.testing.assert_equal(x.numpy(), (A + 1) * 2)
+
+
+def test_pending_reader_of_an_overwritten_tag():
+  # r reads x after the first assign; a second pending assign retags x's buffer before r runs
+  x = Tensor(A.copy()).realize()
+  x.assign(x + 1)
+  x.schedule()
+  r = x + 0.5
+  r.schedule()
+  x.assign(x + 10)
+  x.schedule()
+  np.testing.assert_equal(r.numpy(), A + 1.5)
+  np.testing.assert_equal(x.numpy(), A + 11)
