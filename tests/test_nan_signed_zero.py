@@ -302,3 +302,64 @@ def test_pow_zero_of_inf_and_nan(device: str, mode: Dict[str, int]) -> None:
     assert t.grad is not None
     assert_same(t.grad.numpy(), tt.grad.numpy(), "x ** 0 backward")
 
+
+
+# *** sums of negative zeros: numpy and torch start a sum at +0.0, so a sum of only -0.0 is +0.0 ***
+
+NEG_ZERO_SUMS: List[Tuple[str, Callable[[Any], Any], Callable[[np.ndarray], np.ndarray]]] = [
+  ("size-1 axis", lambda t: t.reshape(12, 1).sum(1), lambda a: a.reshape(12, 1).sum(1)),
+  ("one element", lambda t: t[:1].sum(), lambda a: a[:1].sum()),
+  ("all (unrolled)", lambda t: t.reshape(3, 4).sum(), lambda a: a.reshape(3, 4).sum()),
+  ("axis 0", lambda t: t.reshape(3, 4).sum(0), lambda a: a.reshape(3, 4).sum(0)),
+  ("axis 1", lambda t: t.reshape(3, 4).sum(1), lambda a: a.reshape(3, 4).sum(1)),
+  ("no axis", lambda t: t.sum(axis=()), lambda a: np.sum(a, axis=())),
+  ("0-d", lambda t: t[0].sum(), lambda a: a[0].sum()),
+  ("mean", lambda t: t.reshape(3, 4).mean(1), lambda a: a.reshape(3, 4).mean(1)),
+  ("matmul", lambda t: t.reshape(3, 4) @ Tensor.ones(4, 2, dtype=t.dtype, device=t.device), lambda a: a.reshape(3, 4) @ np.ones((4, 2), a.dtype)),
+  ("where", lambda t: (t > 1).where(t, t).reshape(3, 4).sum(1), lambda a: np.where(a > 1, a, a).reshape(3, 4).sum(1)),
+  ("padded", lambda t: t.reshape(3, 4).pad(((1, 1), None)).sum(0), lambda a: np.pad(a.reshape(3, 4), ((1, 1), (0, 0))).sum(0)),
+  ("long rows", lambda t: t.reshape(1, 12).expand(64, 12).reshape(16, 48).sum(1), lambda a: np.broadcast_to(a.reshape(1, 12), (64, 12)).reshape(16, 48).sum(1)),
+  ("times -1", lambda t: (t.abs() * -1).reshape(3, 4).sum(1), lambda a: (np.abs(a) * -1).reshape(3, 4).sum(1)),
+]
+
+
+@pytest.mark.parametrize("case", [c[0] for c in NEG_ZERO_SUMS])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
+def test_sum_of_negative_zeros_is_positive_zero(device: str, mode: Dict[str, int], dtype: str, case: str) -> None:
+  tiny_dt, np_dt, _ = FLOATS[dtype]
+  _, fn, np_fn = next(c for c in NEG_ZERO_SUMS if c[0] == case)
+  a = np.full(12, -0.0, dtype=np_dt)
+  with Context(**mode):
+    got = fn(Tensor(a, dtype=tiny_dt, device=device)).numpy()
+  assert_same(got, np.asarray(np_fn(a)), f"{case} {dtype}")
+
+
+@pytest.mark.parametrize("shape,axis", [((4, 5), None), ((4, 5), 1), ((3, 1), 1), ((2, 3, 1), (1, 2))])
+def test_sum_of_a_negative_zero_constant(device: str, shape: tuple, axis: Any) -> None:
+  # the lazy constant fold (a constant's sum is the constant times the count) and codegen's folds of a constant
+  want = np.full(shape, -0.0, np.float32).sum(axis)
+  assert_same(Tensor.full(shape, -0.0, device=device).sum(axis).numpy(), np.asarray(want), "const sum")
+  assert_same((-Tensor.zeros(*shape, device=device)).sum(axis).numpy(), np.asarray(want), "-zeros sum")
+  arange = Tensor.arange(int(np.prod(shape)), device=device).float().reshape(shape) * -0.0
+  assert_same(arange.sum(axis).numpy(), np.asarray(want), "arange * -0.0 sum")
+
+
+def test_sum_of_signed_zeros_keeps_values(device: str, mode: Dict[str, int]) -> None:
+  # the +0.0 the sum starts from changes nothing else: mixed zeros, NaN and infinities as numpy has them
+  a = np.array([[-0.0, 0.0, -0.0], [-0.0, -0.0, -0.0], [nan, -0.0, 1.0], [inf, -inf, -0.0], [-1e-30, 1e-30, -0.0], [-2.5, -0.0, -0.0]], np.float32)
+  with Context(**mode):
+    assert_same(Tensor(a, device=device).sum(1).numpy(), a.sum(1), "mixed rows")
+    assert_same(Tensor(a, device=device).sum(0).numpy(), a.sum(0), "mixed columns")
+
+
+def test_gather_and_loop_collapse_of_negative_zero(device: str) -> None:
+  # a gather lowers to a one-hot sum that index collapse reads as one element: that is a copy, and keeps -0.0 as torch's
+  # indexing does; a windowed constant sum loop-collapses to the constant times a count, which starts at +0.0
+  src = np.full(6, -0.0, np.float32)
+  idx = np.array([0, 3, 5], np.int32)
+  assert_same(Tensor(src, device=device)[Tensor(idx, device=device)].numpy(), torch.tensor(src)[torch.tensor(idx).long()].numpy(), "gather")
+  assert_same(Tensor.full((1, 4), -0.0, device=device).pad(((0, 0), (2, 2)), value=-0.0).sum(1).numpy(), np.full((1, 8), -0.0, np.float32).sum(1),
+              "padded -0.0 constant sum")
+  # a box of a -0.0 constant: loop collapse's count times the constant
+  box = (Tensor.arange(8, device=device) < 5).where(Tensor.full((8,), -0.0, device=device), 0.0)
+  assert_same(box.sum().numpy(), np.where(np.arange(8) < 5, -0.0, 0.0).astype(np.float32).sum(), "box sum")

@@ -96,3 +96,24 @@ def test_plain_reduce_and_elementwise_get_no_row_prefetch(dev: str) -> None:
 def test_distance_is_capped_and_positive() -> None:
   assert row_prefetches([], True) == {}
   assert MAX_DISTANCE_BYTES >= 64 * 1024 * 4, "the largest row a row kernel takes is prefetched"
+
+
+def test_index_evaluation_has_the_kernels_integer_semantics() -> None:
+  # the index evaluator uses core's exec_alu (through tiny.backend): C's truncating division and remainder, int32
+  # wrapping, comparisons as 0/1; a division by zero or a float has no value
+  from tiny.backend import BinaryOps, TernaryOps, UOp, UOps, dtypes
+  from tiny_clang import row_prefetch
+  r = UOp(UOps.RANGE, dtypes.int32, (UOp.const(dtypes.int32, 0), UOp.const(dtypes.int32, 8)), (0, False))
+
+  def ev(u: UOp, at: int) -> Any:
+    return row_prefetch._eval_index(u, {r: at}, {})
+  c = lambda v: UOp.const(dtypes.int32, v)  # noqa: E731
+  neg = r * c(-7)
+  assert [ev(neg.alu(BinaryOps.IDIV, c(2)), i) for i in (0, 1, 3)] == [0, -3, -10]   # truncates toward zero
+  assert [ev(neg.alu(BinaryOps.MOD, c(4)), i) for i in (1, 3)] == [-3, -1]            # the sign of the dividend
+  assert ev(r * c(1 << 30), 4) == 0                                                  # int32 wraps as in the kernel
+  assert ev(r.alu(BinaryOps.CMPLT, c(3)), 2) == 1 and ev(r.alu(BinaryOps.CMPLT, c(3)), 5) == 0
+  assert ev(r.alu(BinaryOps.CMPLT, c(3)).alu(TernaryOps.WHERE, r, c(-1)), 2) == 2
+  assert ev(r.alu(BinaryOps.IDIV, r), 0) is None
+  assert ev(UOp.const(dtypes.float32, 1.5), 0) is None
+  assert not hasattr(row_prefetch, "_INT_OPS"), "the ops come from core's exec_alu, not a copy of their semantics"

@@ -93,7 +93,12 @@ def test_reduce_shapes_and_const_folding():
   a = realized(np.ones((3, 4, 5), np.float32))
   r = a.r(ReduceOps.SUM, (1,))
   assert r.shape == (3, 1, 5) and r.base.op is ReduceOps.SUM and r.base.arg == (1,)
-  assert a.r(ReduceOps.SUM, ()) is a
+  assert a.r(ReduceOps.MAX, ()) is a
+  # a float sum over no axis is x + 0.0: a sum starts at +0.0, so -0.0 comes out +0.0 as in numpy
+  s0 = a.r(ReduceOps.SUM, ())
+  assert s0.base.op is BinaryOps.ADD and s0.base.srcs[0] is a
+  ai = realized(np.ones((3, 4), np.int32))
+  assert ai.r(ReduceOps.SUM, ()) is ai
   c = a.const(2.0).r(ReduceOps.SUM, (1, 2))
   assert c.is_unrealized_const() and c.base.arg == 40.0 and c.shape == (3, 1, 1)
   m = a.const(-3.0).r(ReduceOps.MAX, (0,))

@@ -221,8 +221,9 @@ def test_api_compatible_older_minor() -> None:
 
 
 def test_plugins_written_for_api_1_0_still_load() -> None:
-  # 1.1 only added tiny.backend (additive), so a plugin that declares 1.0 keeps working
-  assert plugins.PLUGIN_API_VERSION == "1.1" and plugins.api_compatible("1.0") and not plugins.api_compatible("2.0")
+  # 1.1 added tiny.backend and 1.2 its exec_alu (both additive), so a plugin that declares 1.0 or 1.1 keeps working
+  assert plugins.PLUGIN_API_VERSION == "1.2" and plugins.api_compatible("1.0") and plugins.api_compatible("1.1")
+  assert not plugins.api_compatible("1.3") and not plugins.api_compatible("2.0")
 
 
 @pytest.mark.parametrize("api,fix", [("2.0", "pip install --upgrade tiny-core"), ("1.7", "pip install --upgrade tiny-core"),

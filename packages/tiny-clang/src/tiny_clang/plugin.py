@@ -7,7 +7,7 @@ from typing import Any, List, Optional
 from tiny.backend import DeviceCaps
 from tiny.plugins import DeviceSpec, hookimpl
 
-TINY_PLUGIN_API = "1.1"
+TINY_PLUGIN_API = "1.2"
 
 
 def _probe_clang() -> Optional[str]:

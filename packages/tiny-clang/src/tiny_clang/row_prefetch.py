@@ -31,24 +31,19 @@ TINY_ROW_PREFETCH=0 turns it off.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
-from tiny.backend import BinaryOps, TernaryOps, UnaryOps, UOp, UOps, dtypes, getenv
+from tiny.backend import BinaryOps, TernaryOps, UnaryOps, UOp, UOps, dtypes, exec_alu, getenv
 from tiny_clang.streaming_stores import in_loops, whole_line
 
 ROW_PREFETCH = int(getenv("TINY_ROW_PREFETCH", 1))
 # a row kernel's rows are at most 64K elements (tiny.engine.row_fusion): 256 KiB of float32, and L2 holds a few of them
 MAX_DISTANCE_BYTES = 1 << 18
 
-_INT_OPS: Dict[Any, Callable[..., Optional[int]]] = {
-  BinaryOps.ADD: lambda a, b: a + b, BinaryOps.MUL: lambda a, b: a * b, BinaryOps.MAX: max,
-  BinaryOps.IDIV: lambda a, b: abs(a) // abs(b) * (1 if (a < 0) == (b < 0) else -1) if b != 0 else None,
-  BinaryOps.MOD: lambda a, b: abs(a) % abs(b) * (1 if a >= 0 else -1) if b != 0 else None,
-  BinaryOps.SHL: lambda a, b: a << b, BinaryOps.SHR: lambda a, b: a >> b, BinaryOps.AND: lambda a, b: a & b,
-  BinaryOps.OR: lambda a, b: a | b, BinaryOps.XOR: lambda a, b: a ^ b, BinaryOps.CMPLT: lambda a, b: int(a < b),
-  BinaryOps.CMPNE: lambda a, b: int(a != b), UnaryOps.NEG: lambda a: -a,
-  TernaryOps.WHERE: lambda c, a, b: a if c else b,
-}
+# the integer ALU ops an index is built from; exec_alu (core's C semantics: truncating division, wrapping to the dtype)
+# evaluates them
+_INDEX_OPS = frozenset({BinaryOps.ADD, BinaryOps.MUL, BinaryOps.MAX, BinaryOps.IDIV, BinaryOps.MOD, BinaryOps.SHL, BinaryOps.SHR,
+                        BinaryOps.AND, BinaryOps.OR, BinaryOps.XOR, BinaryOps.CMPLT, BinaryOps.CMPNE, UnaryOps.NEG, TernaryOps.WHERE})
 
 
 def _eval_index(u: UOp, env: Dict[UOp, int], memo: Dict[UOp, Optional[int]]) -> Optional[int]:
@@ -63,10 +58,11 @@ def _eval_index(u: UOp, env: Dict[UOp, int], memo: Dict[UOp, Optional[int]]) -> 
     val = env[u] if u in env else _eval_index(u.src[0], env, memo)
   elif u.op is UOps.CAST and u.dtype is not None and dtypes.is_int(u.dtype):
     val = _eval_index(u.src[0], env, memo)
-  elif u.op is UOps.ALU and u.arg in _INT_OPS:
+  elif u.op is UOps.ALU and u.arg in _INDEX_OPS and u.dtype is not None and (dtypes.is_int(u.dtype) or u.dtype == dtypes.bool):
     args = [_eval_index(s, env, memo) for s in u.src]
-    if all(a is not None for a in args):
-      val = _INT_OPS[u.arg](*args)
+    # a division by zero has no value here (exec_alu would give C's undefined result as 0)
+    if all(a is not None for a in args) and not (u.arg in (BinaryOps.IDIV, BinaryOps.MOD) and args[1] == 0):
+      val = int(exec_alu(u.arg, u.dtype, args))
   memo[u] = val
   return val
 

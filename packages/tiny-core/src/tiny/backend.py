@@ -40,7 +40,7 @@ if TYPE_CHECKING:
   from tiny.engine.realize import CompiledRunner, ExecItem, Runner
   from tiny.engine.schedule import ScheduleItem, create_schedule, create_schedule_with_vars
   from tiny.helpers import DEBUG, flat_mv, getenv, prod, to_function_name
-  from tiny.ops import BinaryOps, LazyOp, MetaOps, ReduceOps, TernaryOps, UnaryOps
+  from tiny.ops import BinaryOps, LazyOp, MetaOps, ReduceOps, TernaryOps, UnaryOps, exec_alu
   from tiny.plugins import PLUGIN_API_VERSION
   from tiny.registry import Device
   from tiny.renderer import Program, RegisterLayout, Renderer, TensorCore, lazy_gated_alternatives
@@ -61,7 +61,7 @@ _LAZY: Dict[str, str] = {
   # the IR
   "UOp": "tiny.codegen.uops", "UOps": "tiny.codegen.uops", "UPat": "tiny.codegen.uops", "PatternMatcher": "tiny.codegen.uops",
   "UnaryOps": "tiny.ops", "BinaryOps": "tiny.ops", "TernaryOps": "tiny.ops", "ReduceOps": "tiny.ops", "MetaOps": "tiny.ops", "LazyOp": "tiny.ops",
-  "xexp2": "tiny.codegen.transcendental", "xlog2": "tiny.codegen.transcendental",
+  "xexp2": "tiny.codegen.transcendental", "xlog2": "tiny.codegen.transcendental", "exec_alu": "tiny.ops",
   # dtypes and symbolic sizes
   "DType": "tiny.dtype", "PtrDType": "tiny.dtype", "ImageDType": "tiny.dtype", "dtypes": "tiny.dtype", "Variable": "tiny.shape.symbolic",
   # compiling, memory and devices
@@ -89,7 +89,7 @@ _LAZY: Dict[str, str] = {
 __all__ = [
   "PLUGIN_API_VERSION",
   "Renderer", "Program", "TensorCore", "RegisterLayout", "lazy_gated_alternatives", "CStyleLanguage", "RenderError",
-  "UOp", "UOps", "UPat", "PatternMatcher", "UnaryOps", "BinaryOps", "TernaryOps", "ReduceOps", "MetaOps", "LazyOp", "xexp2", "xlog2",
+  "UOp", "UOps", "UPat", "PatternMatcher", "UnaryOps", "BinaryOps", "TernaryOps", "ReduceOps", "MetaOps", "LazyOp", "xexp2", "xlog2", "exec_alu",
   "DType", "PtrDType", "ImageDType", "dtypes", "Variable",
   "Compiler", "CompileError", "Allocator", "LRUAllocator", "BufferOptions", "Buffer", "Compiled", "Device", "DeviceCaps",
   "Runner", "CompiledRunner", "ExecItem", "GraphRunner",

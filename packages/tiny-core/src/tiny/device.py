@@ -93,6 +93,10 @@ class Buffer:
   # writes noted on this base buffer (class defaults: most buffers never have either set)
   _writes = 0
   _jit_writers: Tuple[JitWriteCounter, ...] = ()
+  # (PendingSchedule, item index) while a handed-out schedule item that writes this buffer has not run (engine/pending.py)
+  _pending: Optional[Tuple[Any, int]] = None
+  # (weakref to PendingSchedule, item index) of handed-out items not run yet that read this buffer (engine/pending.py)
+  _pending_readers: Sequence[Tuple[Any, int]] = ()
   # whether kernel runs and copies note their writes (Runner.note_writes): off until a cache of derived data first reads
   # a version (`track_writes`), so a program that keeps no such cache pays nothing per eager kernel. Versions read after
   # that are all compared with later ones, so the writes before it do not matter

@@ -405,7 +405,8 @@ class LazyBuffer:
       raise ValueError(f"reduce axes {axis} out of range for shape {self.shape}")
     axis = tuple(sorted(a for a in axis if self.shape[a] != 1))
     if not axis:
-      return self
+      # a sum of one element starts at +0.0 as numpy's and torch's do: -0.0 comes out +0.0 (x + 0.0, not folded away)
+      return self.e(BinaryOps.ADD, self.const(0.0)) if op is ReduceOps.SUM and dtypes.is_float(self.dtype) else self
     return create_lazybuffer(self.device, ShapeTracker.from_shape(_reduced_shape(self.shape, axis)), self.dtype, op, axis, (self,))
 
   def r(self, op: ReduceOps, axis: Tuple[int, ...]) -> LazyBuffer:
@@ -415,6 +416,8 @@ class LazyBuffer:
       return self.const({ReduceOps.SUM: 0.0, ReduceOps.MAX: dtypes.min(self.dtype)}[op], new_shape)
     if self.is_unrealized_unmasked_const() and all_int(self.shape):
       folded = self.base.arg * prod(self.shape[i] for i in axis) if op is ReduceOps.SUM else self.base.arg
+      if op is ReduceOps.SUM and isinstance(folded, float):
+        folded += 0.0   # a sum starts at +0.0: the sum of -0.0s is +0.0
       return self.const(folded, new_shape)
     # a (padded, windowed) constant is not split: its sum folds to a count in codegen (loop collapse), so the long
     # reduction costs nothing and splitting it would only add a kernel (arange is such a sum)

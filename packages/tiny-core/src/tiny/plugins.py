@@ -37,7 +37,7 @@ if TYPE_CHECKING:
   from tiny.device import Allocator, Compiled, Compiler
   from tiny.renderer import Renderer
 
-PLUGIN_API_VERSION = "1.1"
+PLUGIN_API_VERSION = "1.2"
 ENTRY_POINT_GROUP = "tiny"
 PROJECT_NAME = "tiny"
 CORE_DISTRIBUTION = "tiny-core"

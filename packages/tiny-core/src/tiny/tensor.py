@@ -323,10 +323,13 @@ class Tensor:
     """Compute these tensors now (run their kernels). Returns self."""
     eng = _engine if _engine is not None else _engine_realize()
     with eng.realize_lock:
+      if eng.pending.live:
+        # a schedule handed out and not run yet: the buffers it writes read as computed, so run what this reads first
+        eng.pending.ensure_graph_ready(flatten([x.lazydata.lbs for x in (self,) + lst]))
       # one eager op seen before runs its cached kernel directly (see realize_eager); the rest is scheduled
       if not lst and do_update_stats and self.lazydata.__class__ is LazyBuffer and eng.realize_eager(self.lazydata):
         return self
-      schedule, var_vals = self.schedule_with_vars(*lst)
+      schedule, var_vals = eng.schedule_to_run(flatten([x.lazydata.lbs for x in (self,) + lst]))
       if do_update_stats:
         eng.run_schedule(schedule, var_vals)
       else:
@@ -1412,9 +1415,10 @@ class Tensor:
   def _reduce(self, fxn: Type[Function], axis: Optional[Union[int, Sequence[int]]] = None, keepdim: bool = False) -> Tensor:
     raw: Tuple[Any, ...] = tuple(range(self.ndim)) if axis is None else tuple(argfix(axis)) if isinstance(axis, (list, tuple)) else (axis,)
     axis_ = tuple(dedup(self._resolve_dim(a) for a in raw))
-    if self.ndim == 0:
-      return self
-    ret = fxn.apply(self, axis=axis_) if axis_ else self
+    # a sum over no axis still starts at +0.0 like numpy's (the lazy reduce adds it): -0.0 comes out +0.0
+    if self.ndim == 0 or not axis_:
+      return fxn.apply(self, axis=()) if fxn is F.Sum else self
+    ret = fxn.apply(self, axis=axis_)
     return ret if keepdim else ret.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axis_))
 
   def _reduced_count(self, axis: Optional[Union[int, Sequence[int]]]) -> sint:

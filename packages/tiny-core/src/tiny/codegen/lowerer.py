@@ -16,6 +16,7 @@ from tiny.dtype import DType, PtrDType, dtypes
 from tiny.helpers import prod
 from tiny.ops import ArangeBuffer, BinaryOps, BufferOps, ConstBuffer, KernelInfo, LazyOp, MemBuffer, MetaOps, ReduceOps, TernaryOps, UnaryOps
 from tiny.codegen.uops import UOp, UOps
+from tiny.codegen.symbolic_rules import sum_result
 from tiny.shape.symbolic import AndNode, DivNode, LtNode, ModNode, MulNode, NumNode, SumNode, Variable
 
 if TYPE_CHECKING:
@@ -325,7 +326,8 @@ class Lowerer:
       n = prod([s for _, s in contract])
       con = UOp(UOps.CONTRACT, dtype.vec(n), (val,), contract)
       val = functools.reduce(lambda p, q: p.alu(alu, q), [con.gep(i) for i in range(n)])
-    ret = UOp(UOps.REDUCE, dtype, (val, *ranges), alu) if ranges else val
+    # no loop left (a reduce over size-1 or upcast axes only): the lanes' sum, started at +0.0 like every sum
+    ret = UOp(UOps.REDUCE, dtype, (val, *ranges), alu) if ranges else sum_result(alu, val)
     if not group_axes:
       return ret
     # grouped reduce: each thread's partial result goes to local memory, then every thread reduces the group's slots

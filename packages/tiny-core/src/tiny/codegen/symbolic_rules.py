@@ -336,6 +336,23 @@ def _bounds_from_cond(cond: UOp, r: UOp) -> Optional[Tuple[List[UOp], List[UOp]]
   return None
 
 
+def sum_result(op: BinaryOps, v: UOp) -> UOp:
+  """v as the value of a reduce (op) once its loops are gone: for a float sum, numpy and torch start a sum at +0.0, so a sum of only
+  -0.0 is +0.0, while v (the one element, a constant times a count, the lanes added up) keeps -0.0. Adding +0.0 at the
+  end gives the same bits as starting from it in every other case (a sum is -0.0 only when every term is), and costs
+  one add per output, not one per element. Reduces that keep a loop need nothing: their accumulator starts at +0.0."""
+  if op is not BinaryOps.ADD or v.dtype is None or not dtypes.is_float(v.dtype.scalar()) or _never_neg_zero(v):
+    return v
+  return v + v.const_like(0.0)
+
+
+def _never_neg_zero(v: UOp) -> bool:
+  # a result that cannot be -0.0: a nonzero or +0.0 constant, or already a sum with a +0.0 constant (x + 0.0)
+  if v.op is UOps.CONST:
+    return not (v.arg == 0 and math.copysign(1.0, float(v.arg)) < 0)
+  return v.op is UOps.ALU and v.arg is BinaryOps.ADD and any(s.op is UOps.CONST and _never_neg_zero(s) and s.arg == 0 for s in v.src)
+
+
 def _loop_collapse(red: UOp) -> Optional[UOp]:
   """sum over r of where(cond(r), x, 0) with x independent of r and cond a box in r -> x * (number of r in the box)."""
   if red.arg is not BinaryOps.ADD or red.dtype is None:
@@ -354,7 +371,7 @@ def _loop_collapse(red: UOp) -> Optional[UOp]:
         # an empty box sums to 0, but inf/NaN * 0 is NaN
         new_val = cnt.lt(1).where(red.const_like(0), new_val)
       rest = [x for x in ranges if x is not r]
-      return UOp(UOps.REDUCE, red.dtype, (new_val, *rest), red.arg) if rest else new_val
+      return UOp(UOps.REDUCE, red.dtype, (new_val, *rest), red.arg) if rest else sum_result(red.arg, new_val)
   return None
 
 
@@ -420,6 +437,8 @@ def _index_collapse(red: UOp) -> Optional[UOp]:
     inside = functools.reduce(lambda a, b: a & b, [graph_substitute(c, {r: at}) for c in rest], inside)
     new_val = inside.where(graph_substitute(x, {r: at}), zero)
     others = [q for q in ranges if q is not r]
+    # no +0.0 (sum_result) here: this one-hot sum is how Tensor indexing gathers, and a gather copies the element,
+    # -0.0 included, as torch's indexing does (numpy's sum of the one-hot terms would give +0.0)
     return UOp(UOps.REDUCE, red.dtype, (new_val, *others), red.arg) if others else new_val
   return None
 
@@ -437,7 +456,7 @@ def _acc_fold(red: UOp) -> Optional[UOp]:
     if red.arg is BinaryOps.MAX:
       return val
     if red.arg is BinaryOps.ADD:
-      return val * _range_size(ranges).cast(red.dtype)
+      return sum_result(red.arg, val * _range_size(ranges).cast(red.dtype))
   if red.arg is BinaryOps.ADD and val.op is UOps.ALU and val.arg is BinaryOps.ADD:
     for a, b in ((val.src[0], val.src[1]), (val.src[1], val.src[0])):
       if not any(depends_on(b, r) for r in ranges):
@@ -455,7 +474,7 @@ reduce_rules: List[Tuple[UPat, Callable[..., Optional[UOp]]]] = [
   (UPat(UOps.REDUCE, name="red", src=(UPat.var(),), allow_any_len=True),
    lambda red: UOp(UOps.REDUCE, red.dtype, (red.src[0],) + tuple(x for x in red.src[1:] if x.op is UOps.RANGE), red.arg)
    if any(x.op is not UOps.RANGE for x in red.src[1:]) else None),
-  (UPat(UOps.REDUCE, name="red", src=(UPat.var(),)), lambda red: red.src[0]),
+  (UPat(UOps.REDUCE, name="red", src=(UPat.var(),)), lambda red: sum_result(red.arg, red.src[0])),
   (UPat(UOps.REDUCE, name="red"), _loop_collapse),
   (UPat(UOps.REDUCE, name="red"), _index_collapse),
   (UPat(UOps.REDUCE, name="red"), _acc_fold),

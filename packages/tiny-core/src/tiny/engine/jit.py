@@ -18,7 +18,7 @@ from tiny.device import Buffer, Compiled, JitWriteCounter
 from tiny.dtype import DType
 from tiny.helpers import DEBUG, JIT, GlobalCounters, colored, merge_dicts
 from tiny.engine.realize import CompiledRunner, ExecItem, Runner, capturing, run_schedule
-from tiny.engine.schedule import _internal_memory_planner, create_schedule_with_vars
+from tiny.engine.schedule import _internal_memory_planner, schedule_to_run
 from tiny.lazy import LazyBuffer, create_lazybuffer
 from tiny.ops import MetaOps
 from tiny.registry import Device
@@ -163,7 +163,7 @@ def _lbs(t: Any) -> List[LazyBuffer]:
 def _realize(tensors: Sequence[Any]) -> None:
   lbs = [lb for t in tensors for lb in _lbs(t)]
   if lbs:
-    sched, var_vals = create_schedule_with_vars(lbs)
+    sched, var_vals = schedule_to_run(lbs)
     run_schedule(sched, var_vals)
 
 

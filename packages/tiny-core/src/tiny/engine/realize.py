@@ -17,9 +17,10 @@ from typing import Any, Callable, Dict, Generator, List, Optional, Tuple, Union
 from tiny import eager_key, plugins
 from tiny.codegen.kernel import Kernel
 from tiny.device import Buffer, Compiled, Compiler
-from tiny.engine import eager_params, graph_viz
+from tiny.engine import eager_params, graph_viz, pending
 from tiny.eager_key import state as _key_state
 from tiny.engine.schedule import ScheduleItem, cached_schedule, eager_kernel
+from tiny.engine.schedule import schedule_to_run as schedule_to_run  # (Tensor.realize calls it through this module)
 from tiny.helpers import BEAM, CAPTURING, DEBUG, NOOPT, GlobalCounters, Metadata, ansilen, colored, getenv, progress_bar, to_function_name
 from tiny.lazy import LazyBuffer
 from tiny.ops import LazyOp, MetaOps
@@ -494,8 +495,11 @@ def _runners_ready(schedule: List[ScheduleItem]) -> bool:
   return True
 
 
-def lower_schedule_item(si: ScheduleItem) -> ExecItem:
-  """The ExecItem that performs one ScheduleItem."""
+def lower_schedule_item(si: ScheduleItem, claim: bool = True) -> ExecItem:
+  """The ExecItem that performs one ScheduleItem. The caller runs it: a handed-out item stops being pending, and the
+  pending items that write its inputs run first (see engine/pending.py); claim=False is for pending.py itself."""
+  if claim:
+    pending.claim(si)
   if si.ast.op is MetaOps.KERNEL:
     if len({x.device for x in si.bufs}) > 1:
       raise RuntimeError(f"a kernel's buffers must all be on one device, got {sorted({x.device for x in si.bufs})}")
@@ -524,8 +528,11 @@ def lower_schedule(schedule: List[ScheduleItem]) -> Generator[ExecItem, None, No
   precompile(schedule)
   while len(schedule):
     si = schedule.pop(0)
+    # an item that already ran because something read its output before this run (see engine/pending.py)
+    if not pending.claim(si):
+      continue
     try:
-      yield lower_schedule_item(si)
+      yield lower_schedule_item(si, claim=False)
     except Exception:
       if DEBUG >= 2:
         print(f"error lowering {si.ast.op}")

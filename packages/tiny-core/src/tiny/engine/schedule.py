@@ -18,12 +18,12 @@ from __future__ import annotations
 import sys
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
-from typing import Any, DefaultDict, Dict, List, Optional, Sequence, Set, Tuple, Union, cast
+from typing import Any, ClassVar, DefaultDict, Dict, List, Optional, Sequence, Set, Tuple, Union, cast
 
 from tiny import eager_key
 from tiny.device import Buffer
 from tiny.dtype import ImageDType
-from tiny.engine import graph_viz
+from tiny.engine import graph_viz, pending
 from tiny.engine.row_fusion import RowKernels, row_kernels
 from tiny.helpers import DEBUG, MULTIOUTPUT, ROW_FUSION, Metadata, all_int, dedup, getenv, merge_dicts, prod
 from tiny.lazy import LazyBuffer
@@ -43,6 +43,8 @@ class ScheduleItem:
   ast: LazyOp
   bufs: Tuple[Buffer, ...]
   metadata: Optional[List[Metadata]] = None
+  # not a field: (PendingSchedule, index) while a handed-out item has not run (see engine/pending.py)
+  _pending: ClassVar[Optional[Tuple[Any, int]]] = None
 
   @property
   def outputs(self) -> Tuple[Buffer, ...]:
@@ -924,13 +926,25 @@ def _schedule(outs: Sequence[LazyBuffer], seen: Set[LazyBuffer]) -> Tuple[List[S
   return schedule, var_vals, True
 
 
-def create_schedule_with_vars(outs: Sequence[LazyBuffer], seen: Optional[Set[LazyBuffer]] = None) -> Tuple[List[ScheduleItem], Dict[Variable, int]]:
-  """Schedule the computation of outs: the kernels in run order and the values of the symbolic variables."""
+def schedule_to_run(outs: Sequence[LazyBuffer], seen: Optional[Set[LazyBuffer]] = None) -> Tuple[List[ScheduleItem], Dict[Variable, int]]:
+  """create_schedule_with_vars for a caller that runs the items right away (Tensor.realize, TinyJit): not tracked as
+  pending (see engine/pending.py)."""
   schedule, var_vals, plan = _schedule(outs, set() if seen is None else seen)
   if graph_viz.GRAPH:  # GRAPH=1: draw the schedule graph (tiny/engine/graph_viz.py)
     graph_viz.record_schedule(schedule)
   # _schedule has returned, so the scheduler holds no LazyBuffers: lb_refcount now tells which buffers are private
   return (memory_planner(schedule) if plan else schedule), var_vals
+
+
+def create_schedule_with_vars(outs: Sequence[LazyBuffer], seen: Optional[Set[LazyBuffer]] = None) -> Tuple[List[ScheduleItem], Dict[Variable, int]]:
+  """Schedule the computation of outs: the kernels in run order and the values of the symbolic variables.
+
+  outs (and the buffers realized with them) read as realized from now on; until the items run, whatever reads one of
+  their buffers (a realize, numpy(), another schedule's run) runs the items that write it first, and run_schedule of
+  these items then skips the ones that ran that way (see engine/pending.py)."""
+  schedule, var_vals = schedule_to_run(outs, seen)
+  pending.register(schedule, var_vals)
+  return schedule, var_vals
 
 
 def create_schedule(outs: Sequence[LazyBuffer], seen: Optional[Set[LazyBuffer]] = None) -> List[ScheduleItem]:

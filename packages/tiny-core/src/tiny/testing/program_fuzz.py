@@ -48,6 +48,7 @@ import numpy as np
 
 from tiny.codegen.kernel import Kernel, KernelOptError, Opt, OptOps
 from tiny.dtype import dtypes
+from tiny.engine import pending
 from tiny.engine.realize import CompiledRunner, ExecItem, get_kernel, lower_schedule_item, realize_lock
 from tiny.engine.search import actions
 from tiny.helpers import Context, ansistrip, prod
@@ -1301,6 +1302,8 @@ def realize_with_opts(tensors: Sequence[Tensor], opts: Union[Sequence[Sequence[O
 def _run_schedule_with(schedule: List[Any], choose: Callable[..., Any], records: List[KernelRecord], loaded: List[Any]) -> None:
   for si in schedule:
     if si.ast.op is MetaOps.KERNEL:
+      # this run is the item's: the result read back must be this kernel's, not the item run again as pending
+      pending.claim(si)
       dname = si.outputs[0].device
       try:
         k: Kernel = choose(si.ast, Device[dname].renderer)
