@@ -22,6 +22,7 @@ from tiny_clang.matmul_panels import panel_width
 from tiny_clang.matvec_split import split_block
 from tiny_clang.panel_prefetch import PANEL_PREFETCH, panel_prefetch
 from tiny_clang.row_prefetch import ROW_PREFETCH, row_prefetches
+from tiny_clang.row_stream_prefetch import row_stream_loads
 from tiny_clang.streaming_stores import prefetched_loads, stream_min_bytes, stream_prefetch_bytes, streaming_stores
 from tiny_clang.tile_loops import UNROLL_TILE, tile_loops
 from tiny_clang.renderer import _cpu_flags, _loop_structure, _only_through, host_simd_bytes, host_simd_registers, max_const_side, \
@@ -171,7 +172,7 @@ class _Builder:
     self.nontemporal_md: Optional[str] = None
     # and the loads such a kernel prefetches prefetch_bytes ahead of
     self.prefetch_bytes = prefetch_bytes
-    self.prefetches = prefetched_loads(uops, self.streams, prefetch_bytes)
+    self.prefetches = prefetched_loads(uops, self.streams, prefetch_bytes) | row_stream_loads(uops, prefetch_bytes)
     # a row kernel's loads and stores that prefetch the next row: (distance in bytes, write intent)
     self.row_ahead = row_prefetches(uops, row_prefetch)
     # a packed matmul's load that prefetches the next panel (tiny_clang.panel_prefetch)

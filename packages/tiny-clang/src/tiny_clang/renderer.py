@@ -30,6 +30,7 @@ from tiny_clang.matmul_panels import panel_width
 from tiny_clang.matvec_split import split_block
 from tiny_clang.panel_prefetch import PANEL_PREFETCH, PanelPrefetch, panel_prefetch
 from tiny_clang.row_prefetch import ROW_PREFETCH, row_prefetches
+from tiny_clang.row_stream_prefetch import row_stream_loads
 from tiny_clang.streaming_stores import prefetched_loads, stream_min_bytes, stream_prefetch_bytes, streaming_stores
 from tiny_clang.tile_loops import UNROLL_TILE, tile_loops
 from tiny_clang.vmath import exp2_source, log2_source
@@ -376,7 +377,7 @@ class ClangRenderer(CStyleLanguage):
     self._bitcast_srcs = [cast(DType, u.src[0].dtype) for u in uops if u.op is UOps.BITCAST]
     self._streams = streaming_stores(uops, self.stream_min_bytes)
     self._streaming = [u in self._streams for u in uops if u.op is UOps.STORE]
-    prefetched = prefetched_loads(uops, self._streams, self.stream_prefetch_bytes)
+    prefetched = prefetched_loads(uops, self._streams, self.stream_prefetch_bytes) | row_stream_loads(uops, self.stream_prefetch_bytes)
     self._prefetching = [u in prefetched for u in uops if u.op is UOps.LOAD]
     row_ahead = row_prefetches(uops, self.row_prefetch)
     self._row_load_ahead = [row_ahead[u][0] if u in row_ahead else 0 for u in uops if u.op is UOps.LOAD]
