@@ -100,6 +100,7 @@ def test_avx512_block_past_l2_takes_all_rows(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(f"tiny_clang.matmul_panels.{name}", 16 * 128 * 4)
   for name in ("AVX2_MIN_BLOCK_ROWS", "AVX512_MIN_BLOCK_ROWS"):
     monkeypatch.setattr(f"tiny_clang.matmul_panels.{name}", 16)
+  monkeypatch.setattr("tiny_clang.matmul_panels.AVX512_MIN_BLOCK_TILES", 2)     # (so that a block of 2 row tiles may stay)
   monkeypatch.setattr("tiny_clang.matmul_panels.AVX512_L2_BYTES", 24 * 1024)   # 8 + 16 KB fit
   k, inputs, ref = _packed_kernel(64, 128, 256, 32, Avx512LikeRenderer())
   assert k.applied_opts[-1] == Opt(OptOps.BLOCK, 0, 2), k.applied_opts
@@ -111,6 +112,25 @@ def test_avx512_block_past_l2_takes_all_rows(monkeypatch: pytest.MonkeyPatch) ->
   k, _, _ = _packed_kernel(64, 128, 128, 32, Avx512LikeRenderer())             # 4 panels: too few for 2 threads
   assert k.applied_opts[-1] == Opt(OptOps.BLOCK, 0, 2), k.applied_opts
   k, _, _ = _packed_kernel(64, 128, 128, 16, Avx2LikeRenderer())
+  assert k.applied_opts[-1] == Opt(OptOps.BLOCK, 0, 4), k.applied_opts
+
+
+def test_avx512_few_row_tiles_take_all_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+  """AVX-512, 2 threads: a long reduce leaves blocks of few row tiles (GPT-2's MLP down-projection, 128 x 3072 @ 3072
+  x 768, made 4 blocks of 4 tiles), so all rows go in one block with the panels outermost; 1024² keeps its blocks of 16
+  tiles, and AVX2 keeps its blocks either way."""
+  monkeypatch.setattr("tiny_clang.matmul_panels.num_threads", lambda: 2)
+  k, _, _ = _packed_kernel(128, 3072, 768, 32, Avx512LikeRenderer())
+  assert k.applied_opts == [Opt(OptOps.UPCAST, 2, 16), Opt(OptOps.UPCAST, 2, 2), Opt(OptOps.UPCAST, 0, 8), Opt(OptOps.SWAP, 0, 1)], \
+      k.applied_opts
+  k, _, _ = _packed_kernel(64, 4096, 1024, 32, Avx512LikeRenderer())
+  assert k.applied_opts[-1] == Opt(OptOps.SWAP, 0, 1), k.applied_opts
+  k, _, _ = _packed_kernel(1024, 1024, 1024, 32, Avx512LikeRenderer())
+  assert k.applied_opts[-1] == Opt(OptOps.BLOCK, 0, 16), k.applied_opts
+  k, _, _ = _packed_kernel(128, 3072, 768, 16, Avx2LikeRenderer())
+  assert k.applied_opts[-1].op is OptOps.BLOCK, k.applied_opts
+  # too few panels to share out among the threads: the row blocks stay outermost
+  k, _, _ = _packed_kernel(128, 3072, 224, 32, Avx512LikeRenderer())
   assert k.applied_opts[-1] == Opt(OptOps.BLOCK, 0, 4), k.applied_opts
 
 
@@ -199,6 +219,7 @@ def test_block_opt_checks_its_axis() -> None:
   ((3, 48, 256), (256, 96), np.float32),      # batch dims fold into the rows
   ((37, 300), (300, 512), np.float32),        # odd rows and reduce (copied in blocks of 4 rows of b)
   ((64, 129), (129, 512), np.float32),        # a reduce no block of b's rows divides: copied a row at a time
+  ((128, 3072), (3072, 768), np.float32),     # a long reduce (GPT-2's MLP down-projection): one block on AVX-512
   ((128, 200), (200, 128), np.float64),
   ((256, 128), (128, 250), np.float32),       # n not a multiple of the panel: not packed
 ])

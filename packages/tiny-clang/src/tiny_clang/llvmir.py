@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import struct
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple, Union
 
 from tiny.backend import BinaryOps, DType, Kernel, PtrDType, Renderer, TernaryOps, UnaryOps, UOp, UOps, dtypes, lazy_gated_alternatives, \
   to_function_name
@@ -20,7 +20,9 @@ from tiny_clang.heuristics import cpu_hand_coded_optimizations
 from tiny_clang.conv_padding import pads_conv_input
 from tiny_clang.matmul_panels import panel_width
 from tiny_clang.matvec_split import split_block
+from tiny_clang.panel_prefetch import PANEL_PREFETCH, panel_prefetch
 from tiny_clang.row_prefetch import ROW_PREFETCH, row_prefetches
+from tiny_clang.row_stream_prefetch import row_stream_loads
 from tiny_clang.streaming_stores import prefetched_loads, stream_min_bytes, stream_prefetch_bytes, streaming_stores
 from tiny_clang.tile_loops import UNROLL_TILE, tile_loops
 from tiny_clang.renderer import _cpu_flags, _loop_structure, _only_through, host_simd_bytes, host_simd_registers, max_const_side, \
@@ -118,6 +120,7 @@ class LLVMRenderer(Renderer):
     self.stream_min_bytes = stream_min_bytes(self.simd_bytes, _cpu_flags())   # tiny_clang.streaming_stores
     self.stream_prefetch_bytes = stream_prefetch_bytes(self.stream_min_bytes)
     self.row_prefetch = bool(ROW_PREFETCH)   # row kernels prefetch the next row (tiny_clang.row_prefetch)
+    self.next_panel_prefetch = bool(PANEL_PREFETCH)   # packed matmuls prefetch the next panel (tiny_clang.panel_prefetch)
 
   def hand_coded_optimizations(self, k: Kernel) -> bool:
     """The host CPU's tiling heuristic (tiny_clang.heuristics) instead of core's device-neutral one."""
@@ -136,13 +139,15 @@ class LLVMRenderer(Renderer):
     return pads_conv_input(self.simd_bytes, padded_spatial, dtype)
 
   def render(self, name: str, uops: List[UOp]) -> str:
-    return _Builder(to_function_name(name), list(uops), self.stream_min_bytes, self.stream_prefetch_bytes, self.row_prefetch).build()
+    return _Builder(to_function_name(name), list(uops), self.stream_min_bytes, self.stream_prefetch_bytes, self.row_prefetch,
+                    self.simd_bytes if self.next_panel_prefetch else 0).build()
 
 
 class _Builder:
   """One render: the IR lines, the value of each uop, the current block."""
 
-  def __init__(self, name: str, uops: List[UOp], stream_min_bytes: int = 0, prefetch_bytes: int = 0, row_prefetch: bool = False):
+  def __init__(self, name: str, uops: List[UOp], stream_min_bytes: int = 0, prefetch_bytes: int = 0, row_prefetch: bool = False,
+               simd_bytes: int = 0):
     self.name, self.uops = name, uops
     self.lines: List[str] = []
     self.allocas: List[str] = []
@@ -167,9 +172,11 @@ class _Builder:
     self.nontemporal_md: Optional[str] = None
     # and the loads such a kernel prefetches prefetch_bytes ahead of
     self.prefetch_bytes = prefetch_bytes
-    self.prefetches = prefetched_loads(uops, self.streams, prefetch_bytes)
+    self.prefetches = prefetched_loads(uops, self.streams, prefetch_bytes) | row_stream_loads(uops, prefetch_bytes)
     # a row kernel's loads and stores that prefetch the next row: (distance in bytes, write intent)
     self.row_ahead = row_prefetches(uops, row_prefetch)
+    # a packed matmul's load that prefetches the next panel (tiny_clang.panel_prefetch)
+    self.panel = panel_prefetch(uops, simd_bytes, not self.prefetches and not self.row_ahead)
 
   # *** helpers ***
 
@@ -441,6 +448,8 @@ class _Builder:
       self.prefetch(p, self.prefetch_bytes, False, 3)   # a streaming kernel's input: into L1 (prefetcht0)
     elif u in self.row_ahead:
       self.prefetch(p, *self.row_ahead[u], 2)
+    elif self.panel is not None and u is self.panel.load:
+      self.panel_prefetch(p)
     return self.from_mem(self.ins(f"load {mtype(dt)}, ptr {p}, align {align}"), dt)
 
   def from_mem(self, v: str, dt: DType) -> str:
@@ -470,7 +479,15 @@ class _Builder:
       self.emit(f"br label %stj{n}")
       self.label(f"stj{n}")
 
-  def prefetch(self, p: str, distance: int, write: bool, locality: int) -> None:
+  def panel_prefetch(self, p: str) -> None:
+    """Prefetch this row tile's share of the next panel into L2 (tiny_clang.panel_prefetch), from the panel load at p."""
+    pp = self.panel
+    assert pp is not None
+    t, r = (self.ins(f"sext i32 {self.r[x]} to i64") for x in (pp.tile, pp.reduce))
+    off = self.ins(f"add i64 {self.ins(f'mul i64 {t}, {pp.share}')}, {self.ins(f'mul i64 {r}, {pp.step}')}")
+    self.prefetch(p, self.ins(f"add i64 {off}, {pp.ahead}"), False, 2)
+
+  def prefetch(self, p: str, distance: Union[int, str], write: bool, locality: int) -> None:
     """Prefetch the line `distance` bytes after p, with write intent or not; locality 3 is L1 (prefetcht0), 2 is L2
     (prefetcht1 / prefetchw: a row kernel's next row)."""
     # a plain (not inbounds) step: the address ahead may lie past the end of the buffer, which the prefetch ignores

@@ -59,6 +59,13 @@ AVX512_MIN_BLOCK_ROWS = 256
 # 145-159 GFLOP/s, 512 rows 153-170, all rows 166-179; 4096², 256 rows 147-150, all rows 159. 1024² keeps its blocks
 # (128 rows and the panel: 640 KB), which read a's rows from L2: all rows there measured the same within the noise
 AVX512_L2_BYTES = 2 * 1024 * 1024
+# (32 registers: AVX-512) a block of fewer row tiles than this pulls each panel from L3 again after only a few tiles:
+# with a long reduce (large k) the block sizes above leave few rows per block (GPT-2's MLP down-projection 128 x 3072 @
+# 3072 x 768 made 4 blocks of 4 tiles), and all rows in one block, panels outermost, pull each panel once. In-process A/B
+# of the compiled kernels (one thread, CPU time, AVX-512 Xeon, loaded machine): 128 x 3072 x 768 3.67-3.84 -> 3.25-3.33
+# ms, 96 x 3072 x 768 2.89 -> 2.63, 64 x 4096 x 1024 3.47 -> 3.27, 128 x 4096 x 1024 7.09 -> 6.17, 256 x 4096 x 1024
+# (8 tiles a block) 14.96 -> 13.45; 256 x 1024 x 1024 (16 tiles) measured the same either way and keeps its blocks
+AVX512_MIN_BLOCK_TILES = 16
 # below this many multiply-adds the copy into panels costs more than the product gains (a few microseconds of work)
 MIN_MACS = 1 << 21
 # rows of b that one block of the panel copy reads whole (see panel_copy_tile; 4 to 16 measured alike, 1 ~1.5x slower)
@@ -160,6 +167,8 @@ def panel_tile(k: Kernel, lanes: int, regs: int) -> bool:
   if regs > 16 and tiles * rows * row_bytes + width * row_bytes > AVX512_L2_BYTES and k.full_shape[panel] >= SLICES_PER_THREAD * threads:
     tiles = m // rows   # (see AVX512_L2_BYTES) one block of all rows: the panel loop goes outermost below
   per_block = next((b for b in range(tiles, 1, -1) if (m // rows) % b == 0), 1)
+  if regs > 16 and per_block < AVX512_MIN_BLOCK_TILES and k.full_shape[panel] >= SLICES_PER_THREAD * threads:
+    per_block = m // rows   # (see AVX512_MIN_BLOCK_TILES) one block of all rows, panels outermost
   try:
     for step in ((width,) if width <= 16 else (16, width // 16)):
       k.apply_opt(Opt(OptOps.UPCAST, panel + 1, step))

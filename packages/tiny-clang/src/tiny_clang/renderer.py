@@ -28,7 +28,9 @@ from tiny_clang.heuristics import cpu_hand_coded_optimizations
 from tiny_clang.conv_padding import pads_conv_input
 from tiny_clang.matmul_panels import panel_width
 from tiny_clang.matvec_split import split_block
+from tiny_clang.panel_prefetch import PANEL_PREFETCH, PanelPrefetch, panel_prefetch
 from tiny_clang.row_prefetch import ROW_PREFETCH, row_prefetches
+from tiny_clang.row_stream_prefetch import row_stream_loads
 from tiny_clang.streaming_stores import prefetched_loads, stream_min_bytes, stream_prefetch_bytes, streaming_stores
 from tiny_clang.tile_loops import UNROLL_TILE, tile_loops
 from tiny_clang.vmath import exp2_source, log2_source
@@ -234,12 +236,15 @@ class ClangRenderer(CStyleLanguage):
     # per LOAD / STORE uop, in order: the distance (bytes) of its next-row prefetch in a row kernel, 0 for none
     self._row_load_ahead: List[int] = []
     self._row_store_ahead: List[int] = []
+    # per LOAD uop, in order: the C offset (bytes) of its next-panel prefetch in a packed matmul, "" for none
+    self._panel_ahead: List[str] = []
     self.simd_bytes = host_simd_bytes()
     self._x86 = platform.machine().lower() in ("x86_64", "amd64")
     self.simd_registers = host_simd_registers(self.simd_bytes)
     self.stream_min_bytes = stream_min_bytes(self.simd_bytes, _cpu_flags())
     self.stream_prefetch_bytes = stream_prefetch_bytes(self.stream_min_bytes)
     self.row_prefetch = bool(ROW_PREFETCH)   # row kernels prefetch the next row (tiny_clang.row_prefetch)
+    self.next_panel_prefetch = bool(PANEL_PREFETCH)   # packed matmuls prefetch the next panel (tiny_clang.panel_prefetch)
 
   def hand_coded_optimizations(self, k: Kernel) -> bool:
     """The host CPU's tiling heuristic (tiny_clang.heuristics) instead of core's device-neutral one."""
@@ -317,7 +322,12 @@ class ClangRenderer(CStyleLanguage):
   def render_load(self, output_dtype: DType, buf_name: str, buf_dtype: DType, idx: str, local: bool = False) -> str:
     prefetch = self._prefetching.pop(0) if self._prefetching else False
     row_ahead = self._row_load_ahead.pop(0) if self._row_load_ahead else 0
+    panel_ahead = self._panel_ahead.pop(0) if self._panel_ahead else ""
     kind = _f16kind(buf_dtype)
+    if kind is None and panel_ahead:
+      # the next panel into L2 (tiny_clang.panel_prefetch); through an integer, as below
+      ahead = f"__builtin_prefetch((const void*)((__UINTPTR_TYPE__)({buf_name}+({idx}))+{panel_ahead}), 0, 2)"
+      return f"({{ {ahead}; {super().render_load(output_dtype, buf_name, buf_dtype, idx, local)}; }})"
     if kind is None and (prefetch or row_ahead):
       # a streaming kernel's input into L1 (prefetcht0); a row kernel's next row into L2 (prefetcht1), where it waits
       # while this row is walked again from L1. Through an integer: the address ahead may lie past the end of the
@@ -367,11 +377,13 @@ class ClangRenderer(CStyleLanguage):
     self._bitcast_srcs = [cast(DType, u.src[0].dtype) for u in uops if u.op is UOps.BITCAST]
     self._streams = streaming_stores(uops, self.stream_min_bytes)
     self._streaming = [u in self._streams for u in uops if u.op is UOps.STORE]
-    prefetched = prefetched_loads(uops, self._streams, self.stream_prefetch_bytes)
+    prefetched = prefetched_loads(uops, self._streams, self.stream_prefetch_bytes) | row_stream_loads(uops, self.stream_prefetch_bytes)
     self._prefetching = [u in prefetched for u in uops if u.op is UOps.LOAD]
     row_ahead = row_prefetches(uops, self.row_prefetch)
     self._row_load_ahead = [row_ahead[u][0] if u in row_ahead else 0 for u in uops if u.op is UOps.LOAD]
     self._row_store_ahead = [row_ahead[u][0] if u in row_ahead else 0 for u in uops if u.op is UOps.STORE]
+    pp = panel_prefetch(uops, self.simd_bytes, self.next_panel_prefetch and not prefetched and not row_ahead)
+    self._panel_ahead = [_panel_offset(pp, uops) if pp is not None and u is pp.load else "" for u in uops if u.op is UOps.LOAD]
     self._uops = uops
     return super().render(name, uops)
 
@@ -476,6 +488,12 @@ def _loop_structure(uops: List[UOp]) -> Tuple[List[UOp], Dict[UOp, int], bool]:
 def _range_names(uops: List[UOp]) -> Dict[UOp, str]:
   # CStyleLanguage names loop counters ridx0, ridx1, ... in uop order
   return {u: f"ridx{i}" for i, u in enumerate(x for x in uops if x.op is UOps.RANGE)}
+
+
+def _panel_offset(pp: PanelPrefetch, uops: List[UOp]) -> str:
+  """The byte offset from the panel load's address to its prefetch, as a C expression of the loop counters."""
+  names = _range_names(uops)
+  return f"({pp.ahead}+(long long){names[pp.tile]}*{pp.share}+(long long){names[pp.reduce]}*({pp.step}))"
 
 
 def _split_outer_loop(kernel: List[str], uops: List[UOp]) -> bool:
