@@ -16,6 +16,8 @@ from typing import Dict, Iterable, Optional
 
 import pytest
 
+from tiny.plugins import PLUGIN_API_VERSION
+
 tomllib = pytest.importorskip("tomllib", reason="tomllib needs Python 3.11")
 
 REPO = Path(__file__).resolve().parents[3]
@@ -83,7 +85,7 @@ def test_doctor_shows_both_errors(site: Path) -> None:
   assert "entry point broken = tiny_broken.plugin [tiny-broken 0.1.0]" in out
   assert "ERROR: import failed: RuntimeError: tiny-broken fails on import on purpose" in out
   assert "entry point wrongapi = tiny_wrongapi.plugin [tiny-wrongapi 0.1.0] API 2.0" in out
-  assert "built for tiny plugin API 2.0" in out and "provides plugin API 1.1" in out and "pip install --upgrade tiny-core" in out
+  assert "built for tiny plugin API 2.0" in out and f"provides plugin API {PLUGIN_API_VERSION}" in out and "pip install --upgrade tiny-core" in out
   assert "entry point example = tiny_example.plugin [tiny-example 0.1.0] API 1.1" in out
   assert "provides: EXAMPLE, renderer EXAMPLE:ALT" in out
   assert "default device:" in out
