@@ -170,6 +170,22 @@ def test_elementwise_upcasts_one_vector_ignoring_constants() -> None:
   assert Kernel(si.ast, opts=_SimdCpuRenderer()).hand_coded_optimizations().applied_opts == [Opt(OptOps.UPCAST, 0, 16)]
 
 
+@pytest.mark.parametrize("shape", [(2, 48, 32), (32, 16)])
+def test_transpose_tile_upcasts_both_contiguous_axes(shape: Tuple[int, ...]) -> None:
+  """A channels-last buffer (..., hw, c) read in channels-first order times another: both the output's contiguous axis
+  and the input's become one vector each, and the result is the transposed product."""
+  xn, yn = rng.standard_normal(shape, np.float32), rng.standard_normal(shape, np.float32)
+  x, y = Tensor(xn, device="PYTHON").realize(), Tensor(yn, device="PYTHON").realize()
+  out = x.transpose(-1, -2) * (y.transpose(-1, -2) > 0)
+  si = create_schedule([out.lazydata])[-1]
+  k = Kernel(si.ast, opts=_SimdCpuRenderer()).hand_coded_optimizations()
+  assert [o.op for o in k.applied_opts] == [OptOps.UPCAST, OptOps.UPCAST] and k.upcasted == 2, k.applied_opts
+  assert all(o.amt == 16 for o in k.applied_opts), k.applied_opts
+  want = np.swapaxes(xn, -1, -2) * (np.swapaxes(yn, -1, -2) > 0)
+  inputs = [xn, yn] if si.bufs[1].as_buffer().tobytes() == xn.tobytes() else [yn, xn]
+  np.testing.assert_allclose(run_kernel(k, inputs, want.shape), want, rtol=1e-6)
+
+
 # *** the CLANG and LLVM renderers ***
 
 def _cpu_renderers() -> List[type]:

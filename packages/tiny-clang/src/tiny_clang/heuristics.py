@@ -405,6 +405,32 @@ def elementwise_full_vector(k: Kernel, lanes: int) -> None:
       pass
 
 
+def transpose_tile(k: Kernel, lanes: int) -> bool:
+  """An elementwise kernel whose output is contiguous along one axis while an input is contiguous along another (a
+  channels-last buffer read in channels-first order): upcast both axes by one vector, so the input is read in whole
+  vectors along its axis and the output written in whole vectors along its own, the block transposed in registers.
+  Upcast along the output's axis only, each output vector is gathered from `lanes` scalar loads per input. True when
+  applied."""
+  if k.reduceop is not None or k.upcasted or k.first_reduce == 0 or not _all_int(k.full_shape):
+    return False
+  out = k.sts[0].real_strides()
+  a = next((i for i in range(k.first_reduce) if out[i] == 1 and k.full_shape[i] % lanes == 0), None)
+  if a is None:
+    return False
+  ins = [st.real_strides() for st in k.sts[1:len(k.bufs)]]
+  b = next((i for x in ins if x[a] not in (0, 1) for i in range(k.first_reduce)
+            if i != a and x[i] == 1 and k.full_shape[i] % lanes == 0), None)
+  if b is None:
+    return False
+  try:
+    # the higher axis first: an upcast that takes a whole axis removes it, which would shift the axes after it
+    for axis in sorted((a, b), reverse=True):
+      k.apply_opt(Opt(OptOps.UPCAST, axis, lanes))
+  except KernelOptError:
+    return bool(k.upcasted)
+  return True
+
+
 def reduce_rows(k: Kernel, lanes: int, rows: int = 4) -> None:
   """(16 registers: AVX2) A long reduce that will be unrolled by one vector along its contiguous axis (a row max):
   first upcast the innermost output axis that the inputs walk by `rows`, when the kernel has enough outputs to stay
@@ -512,6 +538,8 @@ def cpu_hand_coded_optimizations(k: Kernel) -> bool:
   lanes = simd_lanes(k)
   # (not random numbers on AVX-512: a 16-lane threefry keeps uint64 lanes packed and unpacked, and codegen time grows
   # with the lanes; it keeps the width the steps below give it, as before)
+  if lanes > 4 and transpose_tile(k, lanes):
+    return True
   if lanes > 4 and k.reduceop is None and (simd_registers(k) <= 16 or not any(x.op is BinaryOps.THREEFRY for x in k.ast.lazyops)):
     elementwise_full_vector(k, lanes)
   # a constant "broadcasts" along every axis but is no reuse worth registers; on a SIMD CPU it would only cut the

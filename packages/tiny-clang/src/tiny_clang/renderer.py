@@ -26,6 +26,7 @@ from tiny.backend import BinaryOps, CStyleLanguage, DType, Kernel, PatternMatche
 
 from tiny_clang.heuristics import cpu_hand_coded_optimizations
 from tiny_clang.conv_padding import pads_conv_input
+from tiny_clang.conv_channels_last import conv_channels_last
 from tiny_clang.matmul_panels import panel_width
 from tiny_clang.matvec_split import split_block
 from tiny_clang.panel_prefetch import PANEL_PREFETCH, PanelPrefetch, panel_prefetch
@@ -261,6 +262,10 @@ class ClangRenderer(CStyleLanguage):
   def pads_conv_input(self, padded_spatial: Tuple[int, ...], dtype: DType) -> bool:
     """Copy large padded conv inputs into a zero-padded buffer (tiny_clang.conv_padding)."""
     return pads_conv_input(self.simd_bytes, padded_spatial, dtype)
+
+  def conv_channels_last(self, channels: int, spatial: Tuple[int, ...], dtype: DType) -> bool:
+    """Channels-last conv gradients when the channels fill vectors and the rows do not (tiny_clang.conv_channels_last)."""
+    return conv_channels_last(self.simd_bytes, channels, spatial, dtype)
 
   # *** types ***
 

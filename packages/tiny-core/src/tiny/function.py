@@ -456,6 +456,59 @@ def _batch_groups(bs: int, pixels: int) -> int:
   return bs // next(d for d in range(per_group, 0, -1) if bs % d == 0)
 
 
+def _channels_last(x: Tensor, channels: sint, spatial: Tuple[sint, ...]) -> bool:
+  """Whether x's device asks for a channels-last conv reduce (`Renderer.conv_channels_last`)."""
+  if not all_int((channels, *spatial)) or (renderer := x._renderer()) is None:
+    return False
+  return renderer.conv_channels_last(cast(int, channels), cast(Tuple[int, ...], spatial), x.dtype)
+
+
+def _conv_channels_last(x: Tensor, w: Tensor, acc_dtype: Optional[DType]) -> Tensor:
+  """`Tensor._conv_composed(w)` (stride 1, no padding) with the output channels innermost: the reduce's output is laid
+  out (bs, *out, cout) and w is copied once into (cin, *k, cout), so the kernel's vectors run along the output channels
+  (a full vector of weights times one broadcast input element) instead of along a short output row. Returned as a
+  (bs, cout, *out) view of that layout."""
+  ks = w.shape[2:]
+  nd, bs, cout, cin = len(ks), x.shape[0], w.shape[0], w.shape[1]
+  sp = list(range(2, 2 + nd))
+  wt = w.permute(1, *sp, 0).contiguous()                                    # (cin, *k, cout)
+  win = x._pool(ks)                                                         # (bs, cin, *out, *k)
+  out_sp = win.shape[2:2 + nd]
+  win = win.permute(0, *sp, 1, *range(2 + nd, 2 + 2 * nd)).reshape(bs, *out_sp, 1, cin, *ks)
+  prod_ = win * wt.permute(nd + 1, 0, *range(1, nd + 1)).reshape(1, *[1] * nd, cout, cin, *ks)  # (bs, *out, cout, cin, *k)
+  out = prod_.sum(tuple(range(2 + nd, 3 + 2 * nd)), acc_dtype=acc_dtype)   # (bs, *out, cout)
+  return out.permute(0, nd + 1, *range(1, nd + 1))
+
+
+def _weight_grad_channels_first(xp: Tensor, g: Tensor, ks: Tuple[sint, ...], grp: int, acc_dtype: Optional[DType]) -> Tensor:
+  """The conv weight gradient (cout, cin, *k) from the padded input xp (bs, cin, *in) and the output gradient g
+  (bs, cout, *out), as the windowed input times g summed over `grp` groups of images, then over the groups."""
+  nd, bs, cout, out_sp = len(ks), g.shape[0], g.shape[1], g.shape[2:]
+  win = xp._pool(ks).reshape(grp, bs // grp, *xp.shape[1:2], *out_sp, *ks)                 # (grp, bs/grp, cin, *out, *k)
+  prod_ = win.unsqueeze(2) * g.reshape(grp, bs // grp, cout, 1, *out_sp, *[1] * nd)  # (grp, bs/grp, cout, cin, *out, *k)
+  # (grp, cout, cin, *k): one partial sum per group, kept in the accumulator dtype until the groups are added
+  acc = acc_dtype or sum_acc_dtype(prod_.dtype)
+  part = prod_.sum((1, *range(4, 4 + nd)), acc_dtype=acc)
+  return part.sum(0, acc_dtype=acc) if grp > 1 else part.reshape(part.shape[1:])
+
+
+def _weight_grad_channels_last(xp: Tensor, g: Tensor, ks: Tuple[sint, ...], grp: int, acc_dtype: Optional[DType]) -> Tensor:
+  """`_weight_grad_channels_first`'s sum with the input channels innermost: xp is copied once into (bs, *in, cin), and
+  the reduce's output is laid out (cout, *k, cin), so the kernel's vectors run along the input channels (each a full
+  vector times one broadcast element of g) instead of along a short output row. Returned as a (cout, cin, *k) view."""
+  nd, bs, cin, cout, out_sp = len(ks), g.shape[0], xp.shape[1], g.shape[1], g.shape[2:]
+  sp = list(range(2, 2 + nd))
+  xt = xp.permute(0, *sp, 1).contiguous()                                   # (bs, *in, cin)
+  win = xt.permute(0, nd + 1, *range(1, nd + 1))._pool(ks)                  # (bs, cin, *out, *k), cin of stride 1
+  win = win.permute(0, *sp, *range(2 + nd, 2 + 2 * nd), 1).reshape(grp, bs // grp, *out_sp, 1, *ks, cin)
+  gt = g.permute(0, *sp, 1).reshape(grp, bs // grp, *out_sp, cout, *[1] * nd, 1)
+  prod_ = win * gt                                                          # (grp, bs/grp, *out, cout, *k, cin)
+  acc = acc_dtype or sum_acc_dtype(prod_.dtype)
+  part = prod_.sum((1, *range(2, 2 + nd)), acc_dtype=acc)                  # (grp, cout, *k, cin)
+  total = part.sum(0, acc_dtype=acc) if grp > 1 else part.reshape(part.shape[1:])
+  return total.permute(0, nd + 1, *range(1, nd + 1))
+
+
 class Conv(Function):
   """N-d convolution (stride 1, no dilation, one group) with a direct backward.
 
@@ -463,7 +516,9 @@ class Conv(Function):
   input gradient back through `_pool`'s repeat/shrink views (a reduce over a view full of div/mod index math, plus a
   window-sized intermediate); instead the input gradient is the transposed convolution, itself a padded convolution
   of the output gradient with the flipped weight, and the weight gradient is the windowed input times the output
-  gradient, summed over batch and positions."""
+  gradient, summed over batch and positions. Where the device asks (`Renderer.conv_channels_last`), both gradients
+  are reduced with the input channels innermost; the input gradient is then returned as a permuted view of that
+  layout, which the kernels reading it take in as their load indexing."""
 
   def forward(self, x: LazyBuffer, w: LazyBuffer, padding: Tuple[int, ...] = (), acc_dtype: Optional[DType] = None) -> LazyBuffer:
     self.x, self.w, self.padding, self.acc_dtype = x, w, padding, acc_dtype
@@ -482,16 +537,17 @@ class Conv(Function):
         # padding in pad2d order (last dim first, before/after); the transposed conv pads by k-1-p on each side
         pads = [cast(int, ks[nd - 1 - i // 2]) - 1 - p for i, p in enumerate(self.padding)]
         gp = _padded(g, pads) if any(pads) else g
-        gx = gp._conv_composed(w.transpose(0, 1).flip(spatial), acc_dtype=self.acc_dtype).cast(x.dtype).lazydata
+        wf = w.transpose(0, 1).flip(spatial)                              # (cin, cout, *k)
+        if _channels_last(x, x.shape[1], x.shape[2:]):
+          gx = _conv_channels_last(gp, wf, self.acc_dtype).cast(x.dtype).lazydata
+        else:
+          gx = gp._conv_composed(wf, acc_dtype=self.acc_dtype).cast(x.dtype).lazydata
       if self.needs_input_grad[1]:
-        bs, cout, out_sp = g.shape[0], g.shape[1], g.shape[2:]
-        win = x.pad2d(list(self.padding))._pool(ks)                      # (bs, cin, *out, *k)
-        grp = _batch_groups(cast(int, bs), prod(cast(Tuple[int, ...], out_sp))) if all_int((bs, *out_sp)) else 1
-        win = win.reshape(grp, bs // grp, *win.shape[1:])
-        prod_ = win.unsqueeze(2) * g.reshape(grp, bs // grp, cout, 1, *out_sp, *[1] * nd)  # (grp, bs/grp, cout, cin, *out, *k)
-        # (grp, cout, cin, *k): one partial sum per group, kept in the accumulator dtype until the groups are added
-        acc = self.acc_dtype or sum_acc_dtype(prod_.dtype)
-        part = prod_.sum((1, *range(4, 4 + nd)), acc_dtype=acc)
-        gw = (part.sum(0, acc_dtype=acc) if grp > 1 else part.reshape(part.shape[1:])).cast(w.dtype).lazydata
+        out_sp = g.shape[2:]
+        grp = _batch_groups(cast(int, g.shape[0]), prod(cast(Tuple[int, ...], out_sp))) if all_int((g.shape[0], *out_sp)) else 1
+        if _channels_last(x, x.shape[1], out_sp):
+          gw = _weight_grad_channels_last(x.pad2d(list(self.padding)), g, ks, grp, self.acc_dtype).cast(w.dtype).lazydata
+        else:
+          gw = _weight_grad_channels_first(x.pad2d(list(self.padding)), g, ks, grp, self.acc_dtype).cast(w.dtype).lazydata
     return gx, gw
 

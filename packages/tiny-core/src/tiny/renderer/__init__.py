@@ -292,6 +292,17 @@ class Renderer:
     the input when the image is large. The default reads the view."""
     return False
 
+  def conv_channels_last(self, channels: int, spatial: Tuple[int, ...], dtype: DType) -> bool:
+    """True when a stride-1 conv's backward (`function.Conv`) should lay out one of its reduces with `channels`
+    channels innermost: the weight gradient (channels: the input's, spatial: the output's) and the input gradient
+    (channels: the input's, spatial: the input's) then read channels-last copies of their operands and vectorize along
+    the channels; False: keep the channels-first layout, vectorized along a row of `spatial`.
+
+    A loop-based target vectorizes a channels-first conv along an image row, and a short row (20, 10 or 6 pixels)
+    fills only part of a vector; channels that are a multiple of the vector fill every lane, for the price of
+    transposing copies of the operands. The default keeps the channels-first layout."""
+    return False
+
   def render(self, name: str, uops: List[UOp]) -> str:
     """Source code for the kernel `name` from its linearized uops."""
     raise NotImplementedError(f"{type(self).__name__} does not implement render")
