@@ -69,9 +69,10 @@ def test_tiles_that_do_not_divide_the_panel(two_threads: None) -> None:
 
 
 def test_no_prefetch_where_it_does_not_apply(two_threads: None) -> None:
-  """No prefetch: a blocked kernel (row blocks outermost, 1024²), a buffer of panels under MIN_BYTES, too few row tiles,
-  a renderer without 512-bit vectors, and the AVX2 tile."""
+  """No prefetch: a blocked kernel (row blocks outermost, 1024²), a buffer of panels under MIN_BYTES, too few or too
+  many row tiles, a renderer without 512-bit vectors, and the AVX2 tile."""
   assert _decide(_packed(1024, 1024, 1024)) is None                      # blocks, panels, tiles, reduce: four loops
+  assert _decide(_packed(2048, 2048, 2048)) is None                      # panels outermost, but 256 row tiles
   assert _decide(_packed(128, 256, 512)) is None                         # 512 KB of panels
   assert _decide(_packed(24, 4096, 512)) is None                         # 3 row tiles
   assert _decide(_packed(128, 768, 3072), simd_bytes=32) is None

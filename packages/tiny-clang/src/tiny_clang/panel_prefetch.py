@@ -17,7 +17,7 @@ prefetches a step) gained nothing (3.87 -> 3.73-3.80 ms). Warm (weights in L3) t
 What is prefetched (decided from the linearized uops, the same for CLANG and LLVM): the first ungated whole-line vector
 LOAD of a global buffer inside exactly three loops, (panels, row tiles, reduce) outermost first, where the index moves
 by the panel's size when the panel loop steps, not at all with the row tile, and by `width` with the reduce step, with
-panel size = width * reduce trip count (contiguous panels), at least MIN_TILES row tiles and a buffer of at least
+panel size = width * reduce trip count (contiguous panels), MIN_TILES to MAX_TILES row tiles and a buffer of at least
 MIN_BYTES. TINY_PANEL_PREFETCH=0 turns it off (the renderers' `next_panel_prefetch`, part of their cache key).
 """
 from __future__ import annotations
@@ -34,6 +34,10 @@ PANEL_PREFETCH = int(getenv("TINY_PANEL_PREFETCH", 1))
 MIN_BYTES = 1 << 20
 # with fewer row tiles the share of each tile grows and the prefetch of the next panel comes in bursts
 MIN_TILES = 4
+# with more, the one pull of a panel from memory is a small part of the panel's work, and the prefetch instruction in
+# every reduce step of the FMA-bound loop costs more than it hides: 2048² (256 row tiles) ran 298-307 against 328-334
+# GFLOP/s without it (2 threads, CLANG, same minutes)
+MAX_TILES = 32
 
 
 @dataclass(frozen=True)
@@ -82,7 +86,7 @@ def panel_prefetch(uops: Sequence[UOp], simd_bytes: int, enabled: bool = True) -
     if panel.arg[1] or tile.arg[1] or not red.arg[1]:
       return None
     trips = [(_const(r.src[1]) or 0) - (_const(r.src[0]) or 0) for r in loops]
-    if any(t <= 0 for t in trips) or trips[1] < MIN_TILES:
+    if any(t <= 0 for t in trips) or not MIN_TILES <= trips[1] <= MAX_TILES:
       return None
     size, width = _moves(u.src[1], loops, 0), _moves(u.src[1], loops, 2)
     if size is None or width is None or _moves(u.src[1], loops, 1) != 0 or width <= 0 or size != width * trips[2]:
