@@ -360,7 +360,7 @@ def precompile(schedule: List[ScheduleItem]) -> int:
   tick: Callable[..., None] = (lambda *_: bar.update(1)) if bar is not None else (lambda *_: None)
   try:
     # every kernel in schedule order, with its binary (a disk cache hit) or the future that will bring it
-    pending: List[Tuple[_CacheKey, _CacheKey, Program, Union[bytes, "Future[Optional[bytes]]"]]] = []
+    in_order: List[Tuple[_CacheKey, _CacheKey, Program, Union[bytes, "Future[Optional[bytes]]"]]] = []
     try:
       for bkey, (dname, ast, ckey) in todo.items():
         compiler = _device(dname).compiler
@@ -371,16 +371,16 @@ def precompile(schedule: List[ScheduleItem]) -> int:
           continue
         if (lib := compiler.cache_lookup(prg.src)) is None:
           (fut := queue.submit(compiler, prg.src)).add_done_callback(tick)
-          pending.append((bkey, ckey, prg, fut))
+          in_order.append((bkey, ckey, prg, fut))
         else:
           tick()
-          pending.append((bkey, ckey, prg, lib))
+          in_order.append((bkey, ckey, prg, lib))
     finally:
       queue.close()
     # runners are made in schedule order, not in the order the compiles finish: what they print (DEBUG>=4) and the
     # method cache's order are then the same in every process. Loading a binary takes far less than compiling one, so
     # waiting for the earliest kernel first costs next to nothing.
-    for bkey, ckey, prg, got in pending:
+    for bkey, ckey, prg, got in in_order:
       if isinstance(got, Future):
         if (lib := got.result()) is None:
           continue
