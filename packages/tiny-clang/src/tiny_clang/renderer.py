@@ -233,12 +233,11 @@ class ClangRenderer(CStyleLanguage):
     # state must not be a plain attribute: those are the renderer's cache key
     self._streaming: List[bool] = []
     self._streams: Set[UOp] = set()      # the STORE uops behind _streaming (render_kernel ends with an sfence when any)
-    self._prefetching: List[bool] = []   # per LOAD uop, in order: prefetched stream_prefetch_bytes ahead
-    # per LOAD / STORE uop, in order: the distance (bytes) of its next-row prefetch in a row kernel, 0 for none
-    self._row_load_ahead: List[int] = []
+    # per LOAD uop, in order: its prefetch as (C byte offset from the load's address, the arguments after the address),
+    # None for none (a streaming kernel's input, a row kernel's next row, a packed matmul's next panel)
+    self._load_ahead: List[Optional[Tuple[str, str]]] = []
+    # per STORE uop, in order: the distance (bytes) of its next-row prefetch in a row kernel, 0 for none
     self._row_store_ahead: List[int] = []
-    # per LOAD uop, in order: the C offset (bytes) of its next-panel prefetch in a packed matmul, "" for none
-    self._panel_ahead: List[str] = []
     self.simd_bytes = host_simd_bytes()
     self._x86 = platform.machine().lower() in ("x86_64", "amd64")
     self.simd_registers = host_simd_registers(self.simd_bytes)
@@ -325,19 +324,11 @@ class ClangRenderer(CStyleLanguage):
     return f"{vec}[{idx}]"
 
   def render_load(self, output_dtype: DType, buf_name: str, buf_dtype: DType, idx: str, local: bool = False) -> str:
-    prefetch = self._prefetching.pop(0) if self._prefetching else False
-    row_ahead = self._row_load_ahead.pop(0) if self._row_load_ahead else 0
-    panel_ahead = self._panel_ahead.pop(0) if self._panel_ahead else ""
+    prefetch = self._load_ahead.pop(0) if self._load_ahead else None
     kind = _f16kind(buf_dtype)
-    if kind is None and panel_ahead:
-      # the next panel into L2 (tiny_clang.panel_prefetch); through an integer, as below
-      ahead = f"__builtin_prefetch((const void*)((__UINTPTR_TYPE__)({buf_name}+({idx}))+{panel_ahead}), 0, 2)"
-      return f"({{ {ahead}; {super().render_load(output_dtype, buf_name, buf_dtype, idx, local)}; }})"
-    if kind is None and (prefetch or row_ahead):
-      # a streaming kernel's input into L1 (prefetcht0); a row kernel's next row into L2 (prefetcht1), where it waits
-      # while this row is walked again from L1. Through an integer: the address ahead may lie past the end of the
-      # buffer, which a prefetch ignores
-      dist, hint = (self.stream_prefetch_bytes, "") if prefetch else (row_ahead, ", 0, 2")
+    if kind is None and prefetch is not None:
+      # through an integer: the address ahead may lie past the end of the buffer, which a prefetch ignores
+      dist, hint = prefetch
       ahead = f"__builtin_prefetch((const void*)((__UINTPTR_TYPE__)({buf_name}+({idx}))+{dist}){hint})"
       return f"({{ {ahead}; {super().render_load(output_dtype, buf_name, buf_dtype, idx, local)}; }})"
     if kind is None:
@@ -383,14 +374,26 @@ class ClangRenderer(CStyleLanguage):
     self._streams = streaming_stores(uops, self.stream_min_bytes)
     self._streaming = [u in self._streams for u in uops if u.op is UOps.STORE]
     prefetched = prefetched_loads(uops, self._streams, self.stream_prefetch_bytes) | row_stream_loads(uops, self.stream_prefetch_bytes)
-    self._prefetching = [u in prefetched for u in uops if u.op is UOps.LOAD]
     row_ahead = row_prefetches(uops, self.row_prefetch)
-    self._row_load_ahead = [row_ahead[u][0] if u in row_ahead else 0 for u in uops if u.op is UOps.LOAD]
     self._row_store_ahead = [row_ahead[u][0] if u in row_ahead else 0 for u in uops if u.op is UOps.STORE]
     pp = panel_prefetch(uops, self.simd_bytes, self.next_panel_prefetch and not prefetched and not row_ahead)
-    self._panel_ahead = [_panel_offset(pp, uops) if pp is not None and u is pp.load else "" for u in uops if u.op is UOps.LOAD]
+    panel = (pp.load, _panel_offset(pp, uops)) if pp is not None else None
+    self._load_ahead = [self._load_prefetch(u, prefetched, row_ahead, panel) for u in uops if u.op is UOps.LOAD]
     self._uops = uops
     return super().render(name, uops)
+
+  def _load_prefetch(self, u: UOp, streamed: Set[UOp], row_ahead: Dict[UOp, Tuple[int, bool]],
+                     panel: Optional[Tuple[UOp, str]]) -> Optional[Tuple[str, str]]:
+    """The prefetch of LOAD u as (C byte offset, the arguments after the address), None for none: a packed matmul's
+    next panel into L2 (tiny_clang.panel_prefetch), a streaming kernel's input into L1 (prefetcht0), a row kernel's
+    next row into L2 (prefetcht1), where it waits while this row is walked again from L1."""
+    if panel is not None and u is panel[0]:
+      return panel[1], ", 0, 2"
+    if u in streamed:
+      return str(self.stream_prefetch_bytes), ""
+    if u in row_ahead:
+      return str(row_ahead[u][0]), ", 0, 2"
+    return None
 
   def render_alu(self, u: UOp, operands: List[str]) -> str:
     if (side := max_const_side(u)) is not None:
