@@ -23,10 +23,10 @@ MIN_BYTES. TINY_PANEL_PREFETCH=0 turns it off (the renderers' `next_panel_prefet
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import Optional, Sequence
 
 from tiny.backend import UOp, UOps, getenv
-from tiny_clang.row_prefetch import _eval_index
+from tiny_clang.row_prefetch import index_step
 from tiny_clang.streaming_stores import in_loops, whole_line
 
 PANEL_PREFETCH = int(getenv("TINY_PANEL_PREFETCH", 1))
@@ -56,22 +56,6 @@ def _const(u: UOp) -> Optional[int]:
   return int(u.arg) if u.op is UOps.CONST and isinstance(u.arg, int) and not isinstance(u.arg, bool) else None
 
 
-def _moves(idx: UOp, loops: List[UOp], which: int) -> Optional[int]:
-  """How many elements idx moves by when loops[which] steps by one, the others at their start; None when it cannot
-  be evaluated or the step is not the same twice."""
-  starts = [_const(r.src[0]) for r in loops]
-  if any(s is None for s in starts):
-    return None
-  at = []
-  for i in range(3):
-    env: Dict[UOp, int] = {r: s + (i if j == which else 0) for j, (r, s) in enumerate(zip(loops, starts))}   # type: ignore[operator]
-    at.append(_eval_index(idx, env, {}))
-  if any(a is None for a in at):
-    return None
-  d0, d1 = at[1] - at[0], at[2] - at[1]   # type: ignore[operator]
-  return d0 if d0 == d1 else None
-
-
 def panel_prefetch(uops: Sequence[UOp], simd_bytes: int, enabled: bool = True) -> Optional[PanelPrefetch]:
   """The next-panel prefetch of a packed matmul kernel with its panels outermost, or None (see the module docstring)."""
   if not enabled or simd_bytes < 64:
@@ -88,8 +72,8 @@ def panel_prefetch(uops: Sequence[UOp], simd_bytes: int, enabled: bool = True) -
     trips = [(_const(r.src[1]) or 0) - (_const(r.src[0]) or 0) for r in loops]
     if any(t <= 0 for t in trips) or not MIN_TILES <= trips[1] <= MAX_TILES:
       return None
-    size, width = _moves(u.src[1], loops, 0), _moves(u.src[1], loops, 2)
-    if size is None or width is None or _moves(u.src[1], loops, 1) != 0 or width <= 0 or size != width * trips[2]:
+    size, width = index_step(u.src[1], loops, 0), index_step(u.src[1], loops, 2)
+    if size is None or width is None or index_step(u.src[1], loops, 1) != 0 or width <= 0 or size != width * trips[2]:
       return None
     item = u.src[0].dtype.base.itemsize   # type: ignore[union-attr]
     if trips[0] * size * item < MIN_BYTES:

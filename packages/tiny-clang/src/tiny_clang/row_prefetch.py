@@ -67,13 +67,16 @@ def _eval_index(u: UOp, env: Dict[UOp, int], memo: Dict[UOp, Optional[int]]) -> 
   return val
 
 
-def _row_step(idx: UOp, row_loop: UOp) -> Optional[int]:
-  """How many elements idx moves by when row_loop steps by one (at its first iterations, the other loops at their
+def index_step(idx: UOp, loops: Sequence[UOp], which: int) -> Optional[int]:
+  """How many elements idx moves by when loops[which] steps by one (at its first iterations, every other loop at its
   start), when that is the same step twice; None otherwise."""
-  start = _eval_index(row_loop.src[0], {}, {})
-  if start is None:
+  starts = [_eval_index(r.src[0], {}, {}) for r in loops]
+  if any(s is None for s in starts):
     return None
-  at = [_eval_index(idx, {row_loop: start + i}, {}) for i in range(3)]
+  at = []
+  for i in range(3):
+    env: Dict[UOp, int] = {r: s + (i if j == which else 0) for j, (r, s) in enumerate(zip(loops, starts))}   # type: ignore[operator]
+    at.append(_eval_index(idx, env, {}))
   if any(a is None for a in at):
     return None
   d0, d1 = at[1] - at[0], at[2] - at[1]   # type: ignore[operator]
@@ -117,7 +120,7 @@ def row_prefetches(uops: Sequence[UOp], enabled: bool = True) -> Dict[UOp, Tuple
     buf = u.src[0]
     if chosen.get(buf) is not loop or (u.op is UOps.LOAD) == (buf in written):
       continue
-    step = _row_step(u.src[1], row_loop)
+    step = index_step(u.src[1], [row_loop], 0)
     if step is None:
       continue
     dist = step * buf.dtype.base.itemsize   # type: ignore[union-attr]

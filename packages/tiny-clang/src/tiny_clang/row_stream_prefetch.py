@@ -21,7 +21,8 @@ from __future__ import annotations
 from typing import Sequence, Set
 
 from tiny.backend import UOp, UOps
-from tiny_clang.panel_prefetch import _const, _moves
+from tiny_clang.panel_prefetch import _const
+from tiny_clang.row_prefetch import index_step
 from tiny_clang.streaming_stores import LINE_BYTES, in_loops, whole_line
 
 # a matrix this large is read from memory on every call (GPT-2's head: 154 MB)
@@ -43,7 +44,7 @@ def row_stream_loads(uops: Sequence[UOp], distance: int) -> Set[UOp]:
       continue
     trips = [(_const(r.src[1]) or 0) - (_const(r.src[0]) or 0) for r in loops]
     lanes = u.dtype.count   # type: ignore[union-attr]
-    if any(t <= 0 for t in trips) or _moves(u.src[1], loops, 1) != lanes or _moves(u.src[1], loops, 0) != lanes * trips[1]:
+    if any(t <= 0 for t in trips) or index_step(u.src[1], loops, 1) != lanes or index_step(u.src[1], loops, 0) != lanes * trips[1]:
       continue
     if trips[0] * trips[1] * LINE_BYTES >= MIN_BYTES:
       out.add(u)
