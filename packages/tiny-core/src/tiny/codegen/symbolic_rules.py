@@ -349,7 +349,8 @@ def sum_result(op: BinaryOps, v: UOp) -> UOp:
 def _never_neg_zero(v: UOp) -> bool:
   # a result that cannot be -0.0: a nonzero or +0.0 constant, or already a sum with a +0.0 constant (x + 0.0)
   if v.op is UOps.CONST:
-    return not (v.arg == 0 and math.copysign(1.0, float(v.arg)) < 0)
+    assert v.dtype is not None
+    return not is_add_identity(v.arg, v.dtype)   # (the one float constant that is ADD's identity is -0.0)
   return v.op is UOps.ALU and v.arg is BinaryOps.ADD and any(s.op is UOps.CONST and _never_neg_zero(s) and s.arg == 0 for s in v.src)
 
 
